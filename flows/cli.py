@@ -1,0 +1,148 @@
+"""``harnessrl``: the command line. Heavy imports (torch, prefect, great_expectations) happen
+inside the commands, so ``--help`` stays fast."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="harnessrl: RL for LLM agents, with the harness measured apart from the model.")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = "configs/default.yaml"
+
+
+def _default_config_path(path: Optional[Path]) -> Path:
+    if path is not None:
+        return path
+    here = Path(DEFAULT_CONFIG)
+    return here if here.is_file() else REPO_ROOT / DEFAULT_CONFIG
+
+
+def _parse_sets(sets: list[str]) -> dict[str, Any]:
+    import yaml
+
+    out = {}
+    for s in sets:
+        if "=" not in s:
+            raise typer.BadParameter(f"--set {s!r}: expected KEY=VALUE, e.g. train.steps=3")
+        k, v = s.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+def prepare_environment(run_root: Path) -> None:
+    """Settings that must exist before Prefect is imported: a Prefect home inside the run root
+    (its SQLite DB stays out of the user's home), no telemetry, our loggers in the Prefect logs,
+    quiet transformers."""
+    os.environ.setdefault("PREFECT_HOME", str((run_root / ".prefect-home").resolve()))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "harnessrl")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@app.command()
+def run(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help=f"run config (default {DEFAULT_CONFIG})"),
+    from_stage: Optional[str] = typer.Option(None, "--from", help="force this stage and every later one"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default RUN_ROOT/NAME-CONFIGHASH)"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set train.steps=3"),
+) -> None:
+    """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached."""
+    from tasks.config import STAGES, ConfigError, load_config
+
+    path = _default_config_path(config)
+    try:
+        cfg = load_config(path, _parse_sets(set_))
+    except ConfigError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    if from_stage is not None and from_stage not in STAGES:
+        typer.secho(f"--from {from_stage!r}: not a stage; stages are {', '.join(STAGES)}", fg="red", err=True)
+        raise typer.Exit(2)
+    rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
+    rd.mkdir(parents=True, exist_ok=True)
+    prepare_environment(Path(cfg.run_root))
+    _quiet_libraries()
+    from flows.pipeline import pipeline
+
+    t0 = time.perf_counter()
+    result = pipeline(cfg, str(rd), from_stage)
+    total = time.perf_counter() - t0
+    _print_summary(rd, result, total)
+
+
+def _quiet_libraries() -> None:
+    import logging
+
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except ImportError:
+        pass
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    logging.getLogger("harnessrl").setLevel(logging.INFO)
+
+
+def _print_summary(rd: Path, result: dict[str, Any], total: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from schemas import ArtifactStore
+
+    console = Console()
+    t = Table(title=f"harnessrl run: {rd}")
+    for col in ("stage", "state", "seconds", "artifacts"):
+        t.add_column(col)
+    for stage, r in result.items():
+        t.add_row(stage, r["state"], f"{r['seconds']:.1f}",
+                  ", ".join(f"{k}[{v.rows}]" for k, v in r["outputs"].items()))
+    console.print(t)
+    store = ArtifactStore(rd)
+    m = store.rows(result["analyze"]["outputs"]["mismatch"])
+    p = Table(title="sealed evaluation (test split)")
+    for col in ("checkpoint", "harness", "pass@1", "ceiling", "mismatch", "graded", "infra errors"):
+        p.add_column(col)
+    for r in m:
+        p.add_row(r["checkpoint"], r["harness_name"], f"{r['pass_at_1']:.3f}", f"{r['ceiling']:.3f} (pass@{r['ceiling_k']})",
+                  f"{r['mismatch']:.3f}", str(r["graded"]), str(r["infra_errors"]))
+    console.print(p)
+    console.print(f"run folder: {rd.resolve()}")
+    console.print(f"report:     {(rd / 'analyze' / 'report.md').resolve()}")
+    console.print(f"total:      {total:.1f} s")
+
+
+@app.command()
+def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
+    """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain); exit 1 on any change."""
+    from schemas import ArtifactError, ArtifactStore
+    from tasks.evaluate.seal import SealError
+    from tasks.evaluate.stage import verify_run
+
+    if not run_dir.is_dir():
+        typer.secho(f"{run_dir}: no such run folder", fg="red", err=True)
+        raise typer.Exit(2)
+    try:
+        rep = verify_run(ArtifactStore(run_dir))
+    except (SealError, ArtifactError, KeyError, ValueError) as e:
+        typer.secho(f"VERIFY FAILED: {e}", fg="red", err=True)
+        raise typer.Exit(1)
+    typer.secho(f"verified: plan {rep.plan_hash[:16]}, {rep.rows} sealed rows, head {rep.head[:16]}", fg="green")
+
+
+def main() -> None:  # pragma: no cover
+    app(prog_name="harnessrl")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

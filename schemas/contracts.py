@@ -1,0 +1,285 @@
+"""The contract of every artifact: a versioned pyarrow schema and its data expectations.
+
+Expectations are declared as small tuples and turned into a Great Expectations 1.x suite by
+:mod:`schemas.validation`. Bump ``version`` whenever a schema or an expectation changes: the
+version is stored in the Parquet metadata and checked on read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+# An expectation: (kind, column, *args). Kinds: not_null, unique, between(min, max), in_set(values),
+# compound_unique(columns...) (the column slot holds a tuple of column names).
+Expectation = tuple[Any, ...]
+
+STATUS_EPISODE = ["ok", "infra_error", "timeout"]
+STATUS_EVAL = ["resolved", "unresolved", "infra_error", "timeout"]
+SPLITS = ["train", "test"]
+
+
+@dataclass(frozen=True)
+class Contract:
+    """An artifact's contract. ``schema`` is exact: same names, order and types."""
+
+    name: str
+    version: int
+    schema: pa.Schema
+    expectations: list[Expectation] = field(default_factory=list)
+    description: str = ""
+
+
+def _s(*fields: tuple[str, pa.DataType]) -> pa.Schema:
+    return pa.schema([pa.field(n, t, nullable=True) for n, t in fields])
+
+
+_HEX = [("not_null",)]
+
+CONTRACTS: dict[str, Contract] = {}
+
+
+def _register(c: Contract) -> Contract:
+    CONTRACTS[c.name] = c
+    return c
+
+
+TASKS = _register(
+    Contract(
+        "tasks",
+        1,
+        _s(
+            ("task_id", pa.string()),
+            ("suite", pa.string()),
+            ("split", pa.string()),
+            ("instruction", pa.string()),
+            ("verifier_kind", pa.string()),
+            ("verifier_spec", pa.string()),
+            ("metadata", pa.string()),
+            ("task_hash", pa.string()),
+        ),
+        [
+            ("not_null", "task_id"),
+            ("unique", "task_id"),
+            ("unique", "task_hash"),
+            ("not_null", "instruction"),
+            ("in_set", "split", SPLITS),
+            ("not_null", "verifier_spec"),
+        ],
+        "One row per task. verifier_spec holds the hidden answer/tests; it never enters a prompt.",
+    )
+)
+
+HARNESSES = _register(
+    Contract(
+        "harnesses",
+        1,
+        _s(
+            ("harness_id", pa.string()),
+            ("name", pa.string()),
+            ("family", pa.string()),
+            ("system_prompt", pa.string()),
+            ("instance_template", pa.string()),
+            ("tools", pa.string()),
+            ("action_format", pa.string()),
+            ("loop_type", pa.string()),
+            ("max_turns", pa.int32()),
+            ("limits", pa.string()),
+            ("sampling", pa.string()),
+            ("spec_json", pa.string()),
+        ),
+        [("unique", "harness_id"), ("unique", "name"), ("between", "max_turns", 1, 1000)],
+        "One row per harness spec; harness_id = sha256 of the canonical spec JSON.",
+    )
+)
+
+RECORDS = _register(
+    Contract(
+        "records",
+        1,
+        _s(
+            ("record_id", pa.string()),
+            ("task_id", pa.string()),
+            ("task_hash", pa.string()),
+            ("harness_id", pa.string()),
+            ("harness_name", pa.string()),
+            ("split", pa.string()),
+            ("seed", pa.int64()),
+        ),
+        [("unique", "record_id"), ("in_set", "split", SPLITS), ("not_null", "task_hash")],
+        "A frozen task-harness pair; record_id = sha256(task_hash, harness_id, seed).",
+    )
+)
+
+EPISODES = _register(
+    Contract(
+        "episodes",
+        1,
+        _s(
+            ("episode_id", pa.string()),
+            ("record_id", pa.string()),
+            ("task_id", pa.string()),
+            ("task_hash", pa.string()),
+            ("harness_id", pa.string()),
+            ("harness_name", pa.string()),
+            ("split", pa.string()),
+            ("policy_id", pa.string()),
+            ("policy_version", pa.int32()),
+            ("group_id", pa.string()),
+            ("sample_idx", pa.int32()),
+            ("seed", pa.int64()),
+            ("reward", pa.float64()),
+            ("success", pa.bool_()),
+            ("status", pa.string()),
+            ("num_turns", pa.int32()),
+            ("input_tokens", pa.int64()),
+            ("output_tokens", pa.int64()),
+            ("final_answer", pa.string()),
+        ),
+        [
+            ("unique", "episode_id"),
+            ("between", "reward", 0.0, 1.0),
+            ("in_set", "status", STATUS_EPISODE),
+            ("between", "num_turns", 1, 1000),
+            ("not_null", "group_id"),
+        ],
+        "One rollout. group_id = the sampling group (task, harness); the trainer regroups by rule.",
+    )
+)
+
+TURNS = _register(
+    Contract(
+        "turns",
+        1,
+        _s(
+            ("episode_id", pa.string()),
+            ("turn_idx", pa.int32()),
+            ("prompt_token_ids", pa.list_(pa.int32())),
+            ("completion_token_ids", pa.list_(pa.int32())),
+            ("completion_logprobs", pa.list_(pa.float32())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("completion_text", pa.string()),
+            ("finish_reason", pa.string()),
+            ("action", pa.string()),
+            ("observation", pa.string()),
+            ("read_spans", pa.string()),
+        ),
+        [
+            ("not_null", "episode_id"),
+            ("compound_unique", ("episode_id", "turn_idx")),
+            ("in_set", "finish_reason", ["stop", "length"]),
+        ],
+        "One turn. prompt_token_ids of turn t+1 extend turn t's prompt + completion exactly.",
+    )
+)
+
+TRAIN_STEPS = _register(
+    Contract(
+        "train_steps",
+        1,
+        _s(
+            ("step", pa.int32()),
+            ("loss", pa.float64()),
+            ("policy_loss", pa.float64()),
+            ("kl", pa.float64()),
+            ("entropy", pa.float64()),
+            ("clip_frac", pa.float64()),
+            ("grad_norm", pa.float64()),
+            ("reward_mean", pa.float64()),
+            ("zero_adv_frac", pa.float64()),
+            ("lr", pa.float64()),
+            ("tokens", pa.int64()),
+            ("tokens_per_s", pa.float64()),
+            ("seconds", pa.float64()),
+        ),
+        [("unique", "step"), ("between", "clip_frac", 0.0, 1.0), ("between", "zero_adv_frac", 0.0, 1.0)],
+        "One optimizer step of the trainer.",
+    )
+)
+
+CHECKPOINTS = _register(
+    Contract(
+        "checkpoints",
+        1,
+        _s(
+            ("name", pa.string()),
+            ("step", pa.int32()),
+            ("path", pa.string()),
+            ("adapter_sha256", pa.string()),
+            ("base_model_id", pa.string()),
+        ),
+        [("unique", "name")],
+        "A policy to evaluate: 'base' (no adapter, empty path and sha) or a saved LoRA adapter.",
+    )
+)
+
+EVALUATIONS = _register(
+    Contract(
+        "evaluations",
+        1,
+        _s(
+            ("seq", pa.int64()),
+            ("eval_id", pa.string()),
+            ("record_id", pa.string()),
+            ("task_id", pa.string()),
+            ("task_hash", pa.string()),
+            ("checkpoint", pa.string()),
+            ("adapter_sha256", pa.string()),
+            ("harness_id", pa.string()),
+            ("harness_name", pa.string()),
+            ("attempt", pa.int32()),
+            ("seed", pa.int64()),
+            ("reward", pa.float64()),
+            ("resolved", pa.bool_()),
+            ("status", pa.string()),
+            ("num_turns", pa.int32()),
+            ("output_tokens", pa.int64()),
+            ("plan_hash", pa.string()),
+            ("prev_hash", pa.string()),
+            ("seal_hash", pa.string()),
+        ),
+        [
+            ("unique", "eval_id"),
+            ("unique", "seal_hash"),
+            ("between", "reward", 0.0, 1.0),
+            ("in_set", "status", STATUS_EVAL),
+        ],
+        "A sealed attempt; seal_hash = sha256(prev_hash, row fields); the first prev_hash is the plan hash.",
+    )
+)
+
+MISMATCH = _register(
+    Contract(
+        "mismatch",
+        1,
+        _s(
+            ("checkpoint", pa.string()),
+            ("harness_name", pa.string()),
+            ("n_tasks", pa.int32()),
+            ("attempts", pa.int32()),
+            ("graded", pa.int64()),
+            ("infra_errors", pa.int64()),
+            ("pass_at_1", pa.float64()),
+            ("ceiling_k", pa.int32()),
+            ("ceiling", pa.float64()),
+            ("mismatch", pa.float64()),
+        ),
+        [
+            ("between", "pass_at_1", 0.0, 1.0),
+            ("between", "ceiling", 0.0, 1.0),
+            ("between", "mismatch", 0.0, 1.0),
+            ("compound_unique", ("checkpoint", "harness_name")),
+        ],
+        "P1: harness ceiling (pass@K) minus mismatch (ceiling - pass@1) per checkpoint and harness.",
+    )
+)
+
+
+def get_contract(name: str) -> Contract:
+    """The contract named ``name``. Raises KeyError naming the known contracts."""
+    try:
+        return CONTRACTS[name]
+    except KeyError:
+        raise KeyError(f"no artifact contract named {name!r}; known: {sorted(CONTRACTS)}") from None

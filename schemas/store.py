@@ -1,0 +1,317 @@
+"""The artifact store: the only code that writes or reads Parquet.
+
+Layout of a run (``root`` is a local path or any fsspec URL, e.g. ``s3://bucket/runs/x``)::
+
+    <root>/<stage>/<name>.parquet          the artifact
+    <root>/<stage>/<name>.manifest.json    its manifest (see :meth:`ArtifactStore.write`)
+
+Writes are atomic (temp file, then rename): a reader sees the old file or the new one, never half
+of one; a failed write leaves earlier artifacts untouched. Every write and every read checks the
+contract (exact schema + Great Expectations suite); every read checks the file's SHA-256 against
+its manifest, so a changed byte is caught before it reaches a stage.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import hashlib
+import importlib.metadata
+import io
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+
+from schemas.contracts import Contract, get_contract
+from schemas.validation import ContractViolation, check_expectations, check_schema
+
+_PACKAGES = (
+    "harnessrl", "pyarrow", "great_expectations", "prefect", "torch", "transformers", "peft",
+    "reasoning_gym", "pydantic",
+)
+
+
+class ArtifactError(RuntimeError):
+    """An artifact that cannot be written or read: contract violation, missing file, hash mismatch."""
+
+
+class ArtifactRef(BaseModel):
+    """A pointer to one written artifact. Its identity is ``sha256`` (of the Parquet bytes)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    stage: str
+    path: str  # relative to the store root
+    sha256: str
+    rows: int
+    schema_version: int
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict[str, Any]:
+    """Git SHA and dirty flag of the source tree this package was imported from (``None`` values
+    when it is not a git checkout)."""
+    here = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        if sha.returncode != 0:
+            return {"git_sha": None, "dirty": None}
+        return {"git_sha": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired):
+        return {"git_sha": None, "dirty": None}
+
+
+@functools.lru_cache(maxsize=1)
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages whose behaviour an artifact depends on."""
+    out: dict[str, str | None] = {}
+    for p in _PACKAGES:
+        try:
+            out[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def _to_table(contract: Contract, rows: pa.Table | Sequence[Mapping[str, Any]]) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        check_schema(contract, rows)
+        return rows.cast(contract.schema)
+    rows = list(rows)
+    want = set(contract.schema.names)
+    for i, r in enumerate(rows):
+        keys = set(r)
+        if keys != want:
+            raise ContractViolation(
+                f"artifact {contract.name!r}: row {i} has missing columns {sorted(want - keys)} "
+                f"and unexpected columns {sorted(keys - want)}"
+            )
+    try:
+        return pa.Table.from_pylist(rows, schema=contract.schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+        # name the column: try each column alone
+        for f in contract.schema:
+            try:
+                pa.array([r[f.name] for r in rows], type=f.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as ce:
+                bad = next(
+                    (i for i, r in enumerate(rows) if not _fits(r[f.name], f.type)), None
+                )
+                raise ContractViolation(
+                    f"artifact {contract.name!r}: column {f.name!r} (type {f.type}) cannot hold row {bad}'s "
+                    f"value {rows[bad][f.name]!r}" if bad is not None else
+                    f"artifact {contract.name!r}: column {f.name!r} (type {f.type}): {ce}"
+                ) from None
+        raise ContractViolation(f"artifact {contract.name!r}: {e}") from None
+
+
+def _fits(value: Any, typ: pa.DataType) -> bool:
+    try:
+        pa.array([value], type=typ)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        return False
+
+
+def parquet_bytes(contract: Contract, table: pa.Table) -> bytes:
+    """Serialise ``table`` deterministically: same rows -> same bytes (no timestamps inside)."""
+    table = table.replace_schema_metadata(
+        {b"harnessrl.contract": contract.name.encode(), b"harnessrl.version": str(contract.version).encode()}
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", write_statistics=True, row_group_size=1 << 16)
+    return buf.getvalue()
+
+
+class ArtifactStore:
+    """Writes and reads the artifacts of one run under ``root`` (a path or an fsspec URL).
+
+    Args:
+        root: run folder, e.g. ``runs/default-1a2b3c4d5e`` or ``s3://bucket/runs/default-...``.
+        storage_options: passed to fsspec for remote stores (credentials, endpoint URL).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None):
+        self.url = str(root)
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **dict(storage_options or {}))
+        self.fs.makedirs(self.root, exist_ok=True)
+
+    # ---- paths ---------------------------------------------------------------------------
+    def _abs(self, rel: str) -> str:
+        return f"{self.root.rstrip('/')}/{rel}"
+
+    def local_path(self, rel: str) -> Path:
+        """Local filesystem path of ``rel``. Raises ArtifactError for a remote store."""
+        if "file" not in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
+            raise ArtifactError(f"store {self.url} is remote; {rel} has no local path")
+        return Path(self._abs(rel))
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.exists(self._abs(rel)))
+
+    # ---- raw atomic bytes ----------------------------------------------------------------
+    def write_bytes(self, rel: str, data: bytes) -> str:
+        """Atomically write ``data`` to ``rel`` (temp file in the same folder, then rename).
+        Returns the hex SHA-256 of ``data``."""
+        final = self._abs(rel)
+        parent = final.rsplit("/", 1)[0]
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{final.rsplit('/', 1)[1]}"
+        try:
+            with self.fs.open(tmp, "wb") as f:
+                f.write(data)
+                if hasattr(f, "flush"):
+                    f.flush()
+                if hasattr(f, "fileno"):
+                    try:
+                        os.fsync(f.fileno())
+                    except (OSError, io.UnsupportedOperation):
+                        pass
+            self.fs.mv(tmp, final)
+        except BaseException:
+            try:
+                if self.fs.exists(tmp):
+                    self.fs.rm(tmp)
+            finally:
+                raise
+        return hashlib.sha256(data).hexdigest()
+
+    def read_bytes(self, rel: str) -> bytes:
+        """Bytes of ``rel``. Raises ArtifactError when it does not exist."""
+        try:
+            return self.fs.cat_file(self._abs(rel))
+        except FileNotFoundError:
+            raise ArtifactError(f"{self.url}/{rel} does not exist") from None
+
+    def write_json(self, rel: str, obj: Any) -> str:
+        """Atomically write ``obj`` as indented, key-sorted JSON. Returns its SHA-256."""
+        return self.write_bytes(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+    def read_json(self, rel: str) -> Any:
+        return json.loads(self.read_bytes(rel))
+
+    def write_text(self, rel: str, text: str) -> str:
+        return self.write_bytes(rel, text.encode("utf-8"))
+
+    def put_dir(self, rel: str, local_dir: str | os.PathLike[str]) -> None:
+        """Copy a local folder (e.g. a saved adapter) into the store under ``rel``, file by file,
+        each atomically. The folder's identity is recorded by the artifact that refers to it."""
+        src = Path(local_dir)
+        for p in sorted(src.rglob("*")):
+            if p.is_file():
+                self.write_bytes(f"{rel}/{p.relative_to(src).as_posix()}", p.read_bytes())
+
+    def get_dir(self, rel: str, local_dir: str | os.PathLike[str]) -> Path:
+        """The folder ``rel`` as a local path: itself for a local store, else a copy in ``local_dir``."""
+        if self.fs.protocol in ("file", ("file", "local")) or "file" in tuple(self.fs.protocol):
+            return Path(self._abs(rel))
+        dst = Path(local_dir)
+        self.fs.get(self._abs(rel).rstrip("/") + "/", str(dst), recursive=True)
+        return dst
+
+    # ---- artifacts ------------------------------------------------------------------------
+    def write(
+        self,
+        stage: str,
+        name: str,
+        rows: pa.Table | Iterable[Mapping[str, Any]],
+        *,
+        inputs: Sequence[ArtifactRef] = (),
+        config_hash: str = "",
+        contract: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> ArtifactRef:
+        """Validate ``rows`` against the contract and write ``<stage>/<name>.parquet`` + manifest.
+
+        The manifest holds: contract name and version, row count, the file's SHA-256, the inputs'
+        names and SHA-256s, ``config_hash``, the code version (git SHA + dirty flag), package
+        versions, and ``created_at`` (UTC, ISO 8601). The Parquet bytes themselves hold no
+        timestamp, so the same rows give the same SHA-256.
+
+        Raises:
+            ArtifactError: the rows break the contract (the message names the artifact, the
+                column and the offending rows); nothing is written in that case.
+        """
+        c = get_contract(contract or name)
+        try:
+            table = _to_table(c, rows if isinstance(rows, pa.Table) else list(rows))
+            check_schema(c, table)
+            check_expectations(c, table)
+        except ContractViolation as e:
+            raise ArtifactError(f"[{stage}/{name}] {e}") from None
+        data = parquet_bytes(c, table)
+        rel = f"{stage}/{name}.parquet"
+        sha = self.write_bytes(rel, data)
+        manifest = {
+            "artifact": name,
+            "stage": stage,
+            "contract": c.name,
+            "schema_version": c.version,
+            "rows": table.num_rows,
+            "bytes": len(data),
+            "sha256": sha,
+            "inputs": [{"name": r.name, "stage": r.stage, "sha256": r.sha256} for r in inputs],
+            "config_hash": config_hash,
+            "code_version": code_version(),
+            "packages": package_versions(),
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            **({"extra": dict(extra)} if extra else {}),
+        }
+        self.write_json(f"{stage}/{name}.manifest.json", manifest)
+        return ArtifactRef(name=name, stage=stage, path=rel, sha256=sha, rows=table.num_rows, schema_version=c.version)
+
+    def manifest(self, stage: str, name: str) -> dict[str, Any]:
+        return self.read_json(f"{stage}/{name}.manifest.json")
+
+    def ref(self, stage: str, name: str) -> ArtifactRef:
+        """The :class:`ArtifactRef` of an artifact already in the store (from its manifest)."""
+        m = self.manifest(stage, name)
+        return ArtifactRef(
+            name=name, stage=stage, path=f"{stage}/{name}.parquet", sha256=m["sha256"], rows=m["rows"],
+            schema_version=m["schema_version"],
+        )
+
+    def read(self, ref: ArtifactRef | tuple[str, str], *, contract: str | None = None) -> pa.Table:
+        """Read an artifact, checking SHA-256, schema, version and expectations.
+
+        Raises:
+            ArtifactError: missing file, SHA-256 different from the ref/manifest (the file was
+                changed after it was written), or a contract violation.
+        """
+        if isinstance(ref, tuple):
+            ref = self.ref(*ref)
+        data = self.read_bytes(ref.path)
+        sha = hashlib.sha256(data).hexdigest()
+        if sha != ref.sha256:
+            raise ArtifactError(
+                f"{self.url}/{ref.path}: SHA-256 {sha[:16]}... differs from the recorded {ref.sha256[:16]}...; "
+                "the file changed after it was written (rerun the stage with --from)"
+            )
+        table = pq.read_table(io.BytesIO(data))
+        c = get_contract(contract or ref.name)
+        meta = table.schema.metadata or {}
+        version = int(meta.get(b"harnessrl.version", b"0"))
+        if version != c.version:
+            raise ArtifactError(f"{ref.path}: contract {c.name} version {version} on disk, code expects {c.version}")
+        try:
+            check_schema(c, table)
+            check_expectations(c, table)
+        except ContractViolation as e:
+            raise ArtifactError(f"[read {ref.path}] {e}") from None
+        return table.replace_schema_metadata(None)
+
+    def rows(self, ref: ArtifactRef | tuple[str, str], **kw: Any) -> list[dict[str, Any]]:
+        """:meth:`read` as a list of row dicts."""
+        return self.read(ref, **kw).to_pylist()

@@ -1,0 +1,105 @@
+"""Sealing: an evaluation plan hashed before any attempt runs, result rows in a hash chain.
+
+- The plan (records, checkpoints with their adapter SHA-256s, harnesses, attempts, seeds) is
+  written as canonical JSON; ``plan_hash = sha256(plan)``.
+- Row i carries ``prev_hash`` (the plan hash for i = 0, else row i-1's ``seal_hash``) and
+  ``seal_hash = sha256([prev_hash, payload_i])``, where ``payload_i`` is every other column.
+- :func:`verify_chain` recomputes all of it from the files: a flipped reward, a dropped, added or
+  reordered row, an edited plan or a swapped checkpoint file breaks it at a named row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from tasks.hashing import sha256_json
+
+SEAL_FIELDS_EXCLUDED = ("prev_hash", "seal_hash")
+
+
+class SealError(RuntimeError):
+    """The sealed evaluation does not verify; the message names the first broken row or file."""
+
+
+def plan_hash(plan: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of the plan."""
+    return sha256_json(plan)
+
+
+def _payload(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in SEAL_FIELDS_EXCLUDED}
+
+
+def seal_rows(rows: Iterable[dict[str, Any]], p_hash: str) -> list[dict[str, Any]]:
+    """Chain ``rows`` (in order) to the plan hash: sets ``seq``, ``plan_hash``, ``prev_hash`` and
+    ``seal_hash`` on copies of the rows and returns them."""
+    out = []
+    prev = p_hash
+    for i, r in enumerate(rows):
+        row = dict(r)
+        row["seq"] = i
+        row["plan_hash"] = p_hash
+        row["prev_hash"] = prev
+        row["seal_hash"] = sha256_json([prev, _payload(row)])
+        prev = row["seal_hash"]
+        out.append(row)
+    return out
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    plan_hash: str
+    rows: int
+    head: str  # seal_hash of the last row: the one value that commits to everything
+
+
+def verify_chain(plan: dict[str, Any], recorded_plan_hash: str, rows: list[dict[str, Any]],
+                 checkpoint_sha: Callable[[dict[str, Any]], str] | None = None) -> VerifyReport:
+    """Recompute the plan hash and the chain; compare with what was recorded.
+
+    Args:
+        plan: the plan as read from disk.
+        recorded_plan_hash: the plan hash committed before the attempts ran.
+        rows: the evaluation rows in file order.
+        checkpoint_sha: given a plan checkpoint entry, returns the SHA-256 of the checkpoint files
+            now on disk (to catch a swapped adapter).
+
+    Raises:
+        SealError: naming the first inconsistency (plan, checkpoint file, or row ``seq``).
+    """
+    ph = plan_hash(plan)
+    if ph != recorded_plan_hash:
+        raise SealError(f"plan: hash {ph[:16]}... != committed {recorded_plan_hash[:16]}... (the plan was edited)")
+    if checkpoint_sha is not None:
+        for ck in plan["checkpoints"]:
+            if ck.get("adapter_sha256"):
+                now = checkpoint_sha(ck)
+                if now != ck["adapter_sha256"]:
+                    raise SealError(f"checkpoint {ck['name']!r}: files hash {now[:16]}... != planned {ck['adapter_sha256'][:16]}...")
+    expected_cells = {(rec["record_id"], ck["name"], rec["harness_name"], a)
+                      for rec in plan["records"] for ck in plan["checkpoints"] for a in range(plan["attempts"])}
+    prev = ph
+    seen = set()
+    for i, row in enumerate(rows):
+        where = f"row {i} (seq={row.get('seq')}, eval_id={str(row.get('eval_id'))[:12]})"
+        if row.get("seq") != i:
+            raise SealError(f"{where}: seq is {row.get('seq')}, expected {i} (rows dropped, added or reordered)")
+        if row.get("plan_hash") != ph:
+            raise SealError(f"{where}: plan_hash differs from the plan")
+        if row.get("prev_hash") != prev:
+            raise SealError(f"{where}: prev_hash does not chain to the row before (rows dropped, added or reordered)")
+        want = sha256_json([prev, _payload(row)])
+        if row.get("seal_hash") != want:
+            raise SealError(f"{where}: seal_hash does not match its contents (a value was changed)")
+        cell = (row["record_id"], row["checkpoint"], row["harness_name"], row["attempt"])
+        if cell not in expected_cells:
+            raise SealError(f"{where}: attempt {cell} is not in the plan")
+        if cell in seen:
+            raise SealError(f"{where}: attempt {cell} appears twice")
+        seen.add(cell)
+        prev = row["seal_hash"]
+    missing = expected_cells - seen
+    if missing:
+        raise SealError(f"{len(missing)} planned attempt(s) have no row, e.g. {sorted(missing)[0]}")
+    return VerifyReport(plan_hash=ph, rows=len(rows), head=prev)

@@ -1,0 +1,157 @@
+"""Policy engines: generate completions and return token ids with the sampler's log-probs.
+
+``hf``: transformers ``generate`` on the CPU or CUDA, weights in ``policy.rollout_dtype``,
+batched with left padding. Log-probs are read from the processed scores the sampler drew from
+(temperature, top-k, top-p applied), so they equal :func:`tasks.train.logprobs.token_logprobs`
+on the same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.config import PolicyConfig
+from tasks.harnesses.spec import SamplingSpec
+from tasks.hashing import sha256_dir
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion: ``token_ids`` (ends with EOS when ``finish_reason == "stop"``),
+    ``logprobs`` (float, nats, one per token, under the processed sampling distribution)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    text: str
+
+
+def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on ``device`` (CPU or CUDA), or a no-op for float32."""
+    import torch
+
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device, dtype=torch.bfloat16)
+
+
+class HFPolicy:
+    """A transformers causal LM, optionally with a LoRA adapter, as a rollout policy.
+
+    Args:
+        model_dir: transformers model folder (see :func:`tasks.rollout.models.resolve_model`).
+        cfg: the run's policy config (device, autocast dtype, batch size).
+        adapter_dir: a peft adapter folder, or None for the base model.
+        base_model_id: id of the base model (recorded in every episode's ``policy_id``).
+    """
+
+    def __init__(self, model_dir: Path, cfg: PolicyConfig, *, base_model_id: str, adapter_dir: Path | None = None):
+        import torch
+
+        from tasks.rollout.models import load_model_and_tokenizer
+
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        self.cfg = cfg
+        self.model, self.tokenizer = load_model_and_tokenizer(model_dir, cfg.device, cfg.rollout_dtype)
+        self.adapter_sha256 = ""
+        if adapter_dir is not None:
+            from peft import PeftModel
+
+            self.model = PeftModel.from_pretrained(self.model, adapter_dir).eval()
+            self.adapter_sha256 = sha256_dir(adapter_dir)
+        self.base_model_id = base_model_id
+        self.policy_id = f"{base_model_id}+{self.adapter_sha256[:12]}" if self.adapter_sha256 else base_model_id
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
+        """Sample one completion per prompt (token-id lists), in batches of ``cfg.batch_size``.
+
+        Deterministic for a given (weights, prompts, sampling, seed) on the CPU.
+        """
+        out: list[Generation] = []
+        for b, start in enumerate(range(0, len(prompts), self.cfg.batch_size)):
+            out.extend(self._generate_batch(prompts[start:start + self.cfg.batch_size], sampling, seed + b))
+        return out
+
+    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
+        import torch
+        from transformers import GenerationConfig
+
+        device = self.cfg.device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[i, width - len(p):] = 1
+        gen_cfg = GenerationConfig(
+            do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None,
+            top_p=sampling.top_p if sampling.top_p < 1.0 else None, max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=self.eos_id, pad_token_id=self.pad_id, return_dict_in_generate=True, output_scores=True,
+        )
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            res = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg)
+        seqs = res.sequences[:, width:].cpu()
+        # scores[t]: [B, V] processed logits the token at step t was drawn from
+        scores = torch.stack(res.scores, dim=1).float().cpu()  # [B, T, V]
+        logp_all = torch.log_softmax(scores, dim=-1).gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
+        gens = []
+        for i in range(len(prompts)):
+            toks = seqs[i].tolist()
+            if self.eos_id in toks:
+                n = toks.index(self.eos_id) + 1
+                finish = "stop"
+            else:
+                n = len(toks)
+                finish = "length"
+            toks = toks[:n]
+            gens.append(Generation(token_ids=toks, logprobs=[float(x) for x in logp_all[i, :n]],
+                                   finish_reason=finish, text=self.tokenizer.decode(toks, skip_special_tokens=True)))
+        return gens
+
+
+class ChatFormat:
+    """Token-exact multi-turn prompts from the tokenizer's chat template.
+
+    The first prompt is the template applied to (system, user). Every later observation is
+    appended as the template's "user message after an assistant turn" piece, tokenised alone, so
+    turn t+1's prompt ids = turn t's prompt ids + completion ids (+ EOS if the completion was cut)
+    + observation ids, with no re-tokenisation of earlier text.
+    """
+
+    _A, _O = "\u2063A\u2063", "\u2063O\u2063"
+
+    def __init__(self, tokenizer: Any):
+        self.tok = tokenizer
+        self.eos_id = int(tokenizer.eos_token_id)
+        eos = tokenizer.eos_token
+        full = tokenizer.apply_chat_template(
+            [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+             {"role": "assistant", "content": self._A}, {"role": "user", "content": self._O}],
+            tokenize=False, add_generation_prompt=True,
+        )
+        after = full[full.index(self._A) + len(self._A):]
+        before_obs, after_obs = after.split(self._O)
+        if not before_obs.startswith(eos):
+            raise ValueError(f"chat template does not close an assistant turn with EOS {eos!r}: {before_obs[:40]!r}")
+        self._pre, self._post = before_obs[len(eos):], after_obs
+
+    def initial(self, system: str, user: str) -> list[int]:
+        ids = self.tok.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            tokenize=True, add_generation_prompt=True,
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(x) for x in ids]
+
+    def continuation(self, completion_ids: list[int], observation: str) -> list[int]:
+        """Ids appended after a completion to add ``observation`` and open the next assistant turn."""
+        closing = [] if completion_ids and completion_ids[-1] == self.eos_id else [self.eos_id]
+        return closing + self.tok.encode(self._pre + observation + self._post, add_special_tokens=False)

@@ -1,0 +1,75 @@
+"""Turn rows -> one training sequence per episode, with the loss mask and behaviour log-probs.
+
+The sequence of an episode is its last turn's prompt plus that turn's completion: because each
+turn's prompt extends the previous prompt + completion exactly, every earlier completion sits at a
+known offset. Tokens the policy generated get mask 1; system, instruction, observation and
+tool-output tokens get mask 0 and so stay out of every loss sum and denominator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+
+@dataclass
+class TrainSequence:
+    """One episode as a training sample. ``ids``, ``mask``, ``behaviour_logp``: length L lists;
+    ``behaviour_logp[p]`` is the sampler's log-prob of ``ids[p]`` (0.0 where mask is 0)."""
+
+    episode_id: str
+    ids: list[int]
+    mask: list[int]
+    behaviour_logp: list[float]
+    reward: float
+    task_id: str
+    task_hash: str
+    harness_id: str
+    sampling_key: tuple[float, int, float]  # (temperature, top_k, top_p)
+
+
+class SequenceError(ValueError):
+    """Turn rows that do not form a consistent episode (the message names the episode and turn)."""
+
+
+def build_sequences(episodes: Iterable[dict[str, Any]], turns: Iterable[dict[str, Any]],
+                    sampling_by_harness: dict[str, tuple[float, int, float]]) -> list[TrainSequence]:
+    """One :class:`TrainSequence` per episode whose status is ``ok``, in episode order.
+
+    Raises:
+        SequenceError: an episode with no turns, or a turn whose prompt does not extend the
+            previous turn's prompt + completion.
+    """
+    by_ep: dict[str, list[dict[str, Any]]] = {}
+    for t in turns:
+        by_ep.setdefault(t["episode_id"], []).append(t)
+    out = []
+    for ep in episodes:
+        if ep["status"] != "ok":
+            continue
+        ts = sorted(by_ep.get(ep["episode_id"], []), key=lambda t: t["turn_idx"])
+        if not ts:
+            raise SequenceError(f"episode {ep['episode_id']} has no turns")
+        last = ts[-1]
+        ids = list(last["prompt_token_ids"]) + list(last["completion_token_ids"])
+        mask = [0] * len(ids)
+        logp = [0.0] * len(ids)
+        for t in ts:
+            start = len(t["prompt_token_ids"])
+            comp = list(t["completion_token_ids"])
+            if ids[:start] != list(t["prompt_token_ids"]) or ids[start:start + len(comp)] != comp:
+                raise SequenceError(
+                    f"episode {ep['episode_id']} turn {t['turn_idx']}: its prompt + completion is not a prefix of "
+                    "the final sequence (token accounting drift)"
+                )
+            lm, lp = list(t["loss_mask"]), list(t["completion_logprobs"])
+            if not (len(lm) == len(lp) == len(comp)):
+                raise SequenceError(f"episode {ep['episode_id']} turn {t['turn_idx']}: mask/logprob/token lengths differ")
+            mask[start:start + len(comp)] = lm
+            logp[start:start + len(comp)] = [x if m else 0.0 for x, m in zip(lp, lm)]
+        out.append(TrainSequence(
+            episode_id=ep["episode_id"], ids=ids, mask=mask, behaviour_logp=logp, reward=float(ep["reward"]),
+            task_id=ep["task_id"], task_hash=ep["task_hash"], harness_id=ep["harness_id"],
+            sampling_key=sampling_by_harness[ep["harness_id"]],
+        ))
+    return out

@@ -1,0 +1,36 @@
+"""Shared fixtures: the tiny model (built once per session) and one Prefect test harness."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "harnessrl")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, hidden-128, vocab-1024 Llama with a BPE tokenizer trained here (~0.5M params)."""
+    import transformers
+
+    from tasks.rollout.models import build_tiny_model
+
+    transformers.utils.logging.disable_progress_bar()
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
+    """One ephemeral Prefect API (SQLite) for every test that runs flows (~12 s to start)."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    os.environ["PREFECT_HOME"] = str(home)
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness():
+        yield

@@ -1,0 +1,59 @@
+import math
+
+import pytest
+import torch
+
+from tasks.train.advantages import group_advantages, group_ids, zero_signal_fraction
+
+
+def test_grpo_advantage_matches_formula():
+    r = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.2]
+    g = ["a", "a", "a", "a", "b", "b", "c"]
+    adv = group_advantages(r, g, scale="std", eps=1e-6)
+    ga = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    want = (ga - 0.5) / (ga.std(unbiased=True) + 1e-6)  # std = 0.57735
+    assert torch.allclose(adv[:4], want, atol=1e-6)
+    assert adv[0].item() == pytest.approx(0.5 / (math.sqrt(1 / 3) + 1e-6), rel=1e-6)
+    assert adv[4:].tolist() == [0.0, 0.0, 0.0]  # equal rewards and a singleton: exactly 0
+
+
+def test_dr_grpo_has_no_std_division():
+    adv = group_advantages([1.0, 0.0, 0.0], ["g"] * 3, scale="none")
+    assert adv.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+
+
+def test_rewards_that_always_sum_to_a_constant_give_zero_not_nan():
+    # case 5a: several reward functions whose per-sample sums are equal across the group
+    parts = torch.tensor([[0.3, 0.7], [0.1, 0.9], [0.6, 0.4], [1.0, 0.0]], dtype=torch.float64)
+    total = parts.sum(-1)  # 1.0 each, but with float rounding differences possible
+    adv = group_advantages(total, ["g"] * 4)
+    assert not torch.isnan(adv).any()
+    assert adv.abs().max().item() == 0.0
+    assert zero_signal_fraction(adv, ["g"] * 4) == 1.0
+
+
+def test_group_of_one_is_zero():
+    assert group_advantages([0.9], ["only"]).tolist() == [0.0]
+
+
+def test_group_ids_within_and_cross():
+    assert group_ids(["t1", "t1", "t2"], ["h1", "h2", "h1"], "within") == ["t1|h1", "t1|h2", "t2|h1"]
+    assert group_ids(["t1", "t1", "t2"], ["h1", "h2", "h1"], "cross") == ["t1", "t1", "t2"]
+    with pytest.raises(ValueError, match="mode"):
+        group_ids(["t"], ["h"], "sideways")  # type: ignore[arg-type]
+
+
+def test_cross_pools_harnesses_into_one_group():
+    t, h = ["x"] * 4, ["A", "A", "B", "B"]
+    r = [1.0, 1.0, 0.0, 0.0]
+    within = group_advantages(r, group_ids(t, h, "within"))
+    cross = group_advantages(r, group_ids(t, h, "cross"))
+    assert within.tolist() == [0.0] * 4  # each (task, harness) group is constant
+    assert cross[0] > 0 > cross[2]  # pooled: harness A looks better, the harness identity leaks
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="non-finite"):
+        group_advantages([float("nan"), 1.0], ["a", "a"])
+    with pytest.raises(ValueError, match="2 entries"):
+        group_advantages([1.0, 0.0], ["a"])
