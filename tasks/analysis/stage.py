@@ -15,7 +15,7 @@ REPORT = "analyze/report.md"
 
 
 def render_report(cfg: RunConfig, mismatch: list[dict[str, Any]], steps: list[dict[str, Any]],
-                  episodes: list[dict[str, Any]], seal_head: str, plan_hash: str) -> str:
+                  timing: list[dict[str, float]], episodes: list[dict[str, Any]], seal_head: str, plan_hash: str) -> str:
     """The run report as Markdown."""
     lines = [f"# harnessrl run `{cfg.name}`", "", f"config hash `{cfg.config_hash()[:16]}`, model `{cfg.policy.model}`", ""]
     lines += ["## Training rollouts (base policy)", "", "| harness | episodes | mean reward | success rate | mean turns |",
@@ -26,9 +26,10 @@ def render_report(cfg: RunConfig, mismatch: list[dict[str, Any]], steps: list[di
                      f"{sum(e['success'] for e in es) / len(es):.3f} | {sum(e['num_turns'] for e in es) / len(es):.2f} |")
     lines += ["", "## Training steps", "", "| step | loss | policy loss | KL | entropy | clip frac | grad norm | tokens/s |",
               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    tps = {t["step"]: t["tokens_per_s"] for t in timing}
     for s in steps:
         lines.append(f"| {s['step']} | {s['loss']:.4f} | {s['policy_loss']:.4f} | {s['kl']:.5f} | {s['entropy']:.3f} | "
-                     f"{s['clip_frac']:.3f} | {s['grad_norm']:.3f} | {s['tokens_per_s']:.0f} |")
+                     f"{s['clip_frac']:.3f} | {s['grad_norm']:.3f} | {tps.get(s['step'], float('nan')):.0f} |")
     k = mismatch[0]["ceiling_k"] if mismatch else cfg.analyze.ceiling_k
     lines += ["", f"## Sealed evaluation: pass@1, harness ceiling (pass@{k}) and mismatch", "",
               f"plan `{plan_hash[:16]}`, chain head `{seal_head[:16]}` (`harnessrl verify` recomputes both)", "",
@@ -50,7 +51,9 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
                       config_hash=cfg.section_hash("analyze"))
     head = evals[-1]["seal_hash"] if evals else ""
     plan = evals[0]["plan_hash"] if evals else ""
-    report = render_report(cfg, rows, store.rows(inputs["train_steps"]), store.rows(inputs["episodes"]), head, plan)
+    timing = store.manifest("train", "train_steps").get("extra", {}).get("timing", [])
+    report = render_report(cfg, rows, store.rows(inputs["train_steps"]), timing, store.rows(inputs["episodes"]),
+                           head, plan)
     store.write_text(REPORT, report)
     for r in rows:
         log.info("%s / %s: pass@1 %.3f, ceiling pass@%d %.3f, mismatch %.3f", r["checkpoint"], r["harness_name"],

@@ -90,8 +90,9 @@ class HFPolicy:
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attn[i, width - len(p):] = 1
         gen_cfg = GenerationConfig(
-            do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None,
-            top_p=sampling.top_p if sampling.top_p < 1.0 else None, max_new_tokens=sampling.max_new_tokens,
+            # top_k=0 / top_p=1.0 switch the warpers off (None would mean transformers' default top_k=50)
+            do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            min_p=None, typical_p=1.0, repetition_penalty=1.0, max_new_tokens=sampling.max_new_tokens,
             eos_token_id=self.eos_id, pad_token_id=self.pad_id, return_dict_in_generate=True, output_scores=True,
         )
         torch.manual_seed(seed)

@@ -48,7 +48,8 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
         store.put_dir(rel, result.adapter_dir)
     ch = cfg.section_hash("policy", "train")
     ins = [inputs["episodes"], inputs["turns"], inputs["harnesses"], inputs["tasks"]]
-    steps_ref = store.write("train", "train_steps", result.steps, inputs=ins, config_hash=ch)
+    steps_ref = store.write("train", "train_steps", result.steps, inputs=ins, config_hash=ch,
+                            extra={"timing": result.timing})
     ckpts = [
         {"name": "base", "step": 0, "path": "", "adapter_sha256": "", "base_model_id": base_id},
         {"name": "final", "step": cfg.train.steps, "path": rel, "adapter_sha256": sha, "base_model_id": base_id},

@@ -30,7 +30,11 @@ from tasks.train.sequences import TrainSequence
 
 @dataclass
 class TrainResult:
+    """``steps``: rows of the ``train_steps`` artifact (deterministic); ``timing``: per step
+    ``{"step", "seconds", "tokens_per_s"}`` (wall clock); ``adapter_dir``: the saved adapter."""
+
     steps: list[dict[str, Any]]
+    timing: list[dict[str, float]]
     adapter_dir: Path
 
 
@@ -163,7 +167,7 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
     level = "token" if tc.algorithm == "grpo" else "sequence"
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
-    rows = []
+    rows, timing = [], []
     for step in range(1, tc.steps + 1):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
@@ -200,10 +204,10 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
         rows.append({
             "step": step, **tot, "grad_norm": grad_norm, "reward_mean": float(rewards.mean()),
             "zero_adv_frac": zero_frac, "lr": tc.lr, "tokens": int(seen_tokens),
-            "tokens_per_s": seen_tokens / dt if dt > 0 else 0.0, "seconds": dt,
         })
+        timing.append({"step": step, "seconds": dt, "tokens_per_s": seen_tokens / dt if dt > 0 else 0.0})
         log(f"train step {step}/{tc.steps}: loss {tot['loss']:.4f} kl {tot['kl']:.5f} clip {tot['clip_frac']:.3f} "
             f"grad {grad_norm:.3f} ({dt:.1f} s)")
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
-    return TrainResult(steps=rows, adapter_dir=out_dir)
+    return TrainResult(steps=rows, timing=timing, adapter_dir=out_dir)

