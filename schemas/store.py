@@ -152,11 +152,12 @@ class ArtifactStore:
     def _abs(self, rel: str) -> str:
         return f"{self.root.rstrip('/')}/{rel}"
 
-    def local_path(self, rel: str) -> Path:
-        """Local filesystem path of ``rel``. Raises ArtifactError for a remote store."""
-        if "file" not in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
-            raise ArtifactError(f"store {self.url} is remote; {rel} has no local path")
-        return Path(self._abs(rel))
+    @property
+    def is_local(self) -> bool:
+        """True when the store is on the local filesystem (a path or a ``file://`` URL)."""
+        from fsspec.implementations.local import LocalFileSystem
+
+        return isinstance(self.fs, LocalFileSystem)
 
     def exists(self, rel: str) -> bool:
         return bool(self.fs.exists(self._abs(rel)))
@@ -215,7 +216,7 @@ class ArtifactStore:
 
     def get_dir(self, rel: str, local_dir: str | os.PathLike[str]) -> Path:
         """The folder ``rel`` as a local path: itself for a local store, else a copy in ``local_dir``."""
-        if self.fs.protocol in ("file", ("file", "local")) or "file" in tuple(self.fs.protocol):
+        if self.is_local:
             return Path(self._abs(rel))
         dst = Path(local_dir)
         self.fs.get(self._abs(rel).rstrip("/") + "/", str(dst), recursive=True)

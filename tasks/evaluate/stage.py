@@ -10,14 +10,18 @@ Order of operations (the point of sealing):
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
-from tasks.evaluate.seal import VerifyReport, plan_hash, seal_rows, verify_chain
+from tasks.evaluate.seal import SealError, VerifyReport, plan_hash, seal_rows, verify_chain
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.stage import harness_specs, load_policy, run_records
 from tasks.train.stage import LeakageError
@@ -108,11 +112,6 @@ def verify_run(store: ArtifactStore) -> VerifyReport:
         SealError: the plan, a checkpoint's files or a row changed (the message says which).
         ArtifactError: the evaluations file is missing or fails its contract or manifest hash.
     """
-    import pyarrow.parquet as pq
-    import io
-
-    from tasks.evaluate.seal import SealError
-
     plan = store.read_json(PLAN)
     committed = store.read_bytes(PLAN_HASH).decode().strip()
     # read the rows without the manifest-hash check: verify must name the broken row, not just the file
@@ -128,8 +127,6 @@ def verify_run(store: ArtifactStore) -> VerifyReport:
 
     report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
     manifest = store.manifest("evaluate", "evaluations")
-    import hashlib
-
     file_sha = hashlib.sha256(store.read_bytes("evaluate/evaluations.parquet")).hexdigest()
     if file_sha != manifest["sha256"]:
         raise SealError(f"evaluate/evaluations.parquet: SHA-256 {file_sha[:16]}... differs from its manifest")

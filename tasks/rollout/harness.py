@@ -45,6 +45,7 @@ class EpisodeJob:
 class _Episode:
     job: EpisodeJob
     prompt: list[int]
+    instruction_span: dict[str, Any]
     turns: list[dict[str, Any]] = field(default_factory=list)
     answer: str | None = None
     done: bool = False
@@ -112,8 +113,10 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
     eps: list[_Episode] = []
     for job in jobs:
         user = spec.instance_template.format(instruction=job.task["instruction"])
-        eps.append(_Episode(job=job, prompt=chat.initial(system, user)))
-    base_spans = _initial_spans(policy.tokenizer, spec, system)
+        span = {"source": "instruction", "turn": 0,
+                "tokens": len(policy.tokenizer.encode(user, add_special_tokens=False)), "sha256": sha256_text(user)}
+        eps.append(_Episode(job=job, prompt=chat.initial(system, user), instruction_span=span))
+    base_spans = _initial_spans(policy.tokenizer, spec)
     try:
         for turn in range(spec.max_turns):
             active = [e for e in eps if not e.done]
@@ -125,7 +128,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
             for e, g in zip(active, gens):
                 action = parse_action(spec, g.text)
                 observation = ""
-                spans = list(base_spans) + [{"source": "instruction", "turn": 0}] if turn == 0 else []
+                spans = [*base_spans, e.instruction_span] if turn == 0 else []
                 if action["type"] == "answer":
                     e.answer, e.done = action["answer"], True
                 elif spec.loop_type == "single_turn" or turns_left == 0:
@@ -188,10 +191,15 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
     return episodes, turns
 
 
-def _initial_spans(tokenizer: Any, spec: HarnessSpec, system: str) -> list[dict[str, Any]]:
-    spans = [{"source": "system", "turn": 0, "tokens": len(tokenizer.encode(spec.system_prompt, add_special_tokens=False)),
-              "sha256": sha256_text(spec.system_prompt)}]
+def _initial_spans(tokenizer: Any, spec: HarnessSpec) -> list[dict[str, Any]]:
+    """Read spans of the first prompt: the system prompt, the skill (when the spec has one) and
+    each with its token count and the SHA-256 of its text (the instruction's span is per episode)."""
+
+    def span(source: str, text: str) -> dict[str, Any]:
+        return {"source": source, "turn": 0, "tokens": len(tokenizer.encode(text, add_special_tokens=False)),
+                "sha256": sha256_text(text)}
+
+    spans = [span("system", spec.system_prompt)]
     if spec.skill:
-        spans.append({"source": "skill", "turn": 0, "tokens": len(tokenizer.encode(spec.skill, add_special_tokens=False)),
-                      "sha256": sha256_text(spec.skill)})
+        spans.append(span("skill", spec.skill))
     return spans

@@ -114,3 +114,33 @@ def test_same_config_in_a_new_folder_gives_identical_artifacts(run, tmp_path):
     for s in STAGES:
         assert {k: v.sha256 for k, v in second[s]["outputs"].items()} == \
                {k: v.sha256 for k, v in first[s]["outputs"].items()}, s
+
+
+def test_cli_run_resumes_at_the_failed_stage(tiny_model_dir, prefect_harness, tmp_path, monkeypatch):
+    import yaml
+
+    import tasks.analysis.stage as analysis_stage
+
+    cfg = _cfg(tiny_model_dir, name="resume", seed=9)
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    rd = tmp_path / "run"
+    cli = CliRunner()
+
+    def broken(*a, **k):
+        raise RuntimeError("analysis exploded")
+
+    monkeypatch.setattr(analysis_stage, "mismatch_table", broken)
+    first = cli.invoke(app, ["run", "--config", str(cfg_path), "--run-dir", str(rd)])
+    assert first.exit_code != 0
+    assert (rd / "evaluate/evaluations.parquet").is_file() and not (rd / "analyze/mismatch.parquet").exists()
+    monkeypatch.undo()
+    second = cli.invoke(app, ["run", "--config", str(cfg_path), "--run-dir", str(rd)])
+    assert second.exit_code == 0, second.output
+    states = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in second.output.splitlines()
+              if line.startswith("│") and line.split("│")[1].strip() in STAGES}
+    assert states == {"freeze": "Cached", "rollout": "Cached", "train": "Cached", "evaluate": "Cached",
+                      "analyze": "Completed"}
+    assert "report:" in second.output and (rd / "analyze/report.md").is_file()
+    bad = cli.invoke(app, ["run", "--config", str(cfg_path), "--from", "nowhere"])
+    assert bad.exit_code == 2 and "not a stage" in bad.output
