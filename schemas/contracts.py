@@ -275,6 +275,37 @@ MISMATCH = _register(
     )
 )
 
+KL_CHECK = _register(
+    Contract(
+        "kl_check",
+        1,
+        _s(
+            ("configuration", pa.string()),
+            ("estimator", pa.string()),
+            ("placement", pa.string()),
+            ("sampling", pa.string()),
+            ("vocab", pa.int64()),
+            ("length", pa.int64()),
+            ("kl", pa.float64()),
+            ("grad_kl_norm", pa.float64()),
+            ("expected_grad_norm", pa.float64()),
+            ("bias_norm", pa.float64()),
+            ("relative_bias", pa.float64()),
+            ("unbiased", pa.bool_()),
+            ("token_level_bias_norm", pa.float64()),
+            ("token_level_unbiased", pa.bool_()),
+            ("mc_samples", pa.int64()),
+            ("mc_error_norm", pa.float64()),
+            ("mc_se_norm", pa.float64()),
+            ("paper_unbiased", pa.bool_()),
+            ("agrees_with_paper", pa.bool_()),
+        ),
+        [("unique", "configuration"), ("in_set", "estimator", ["k1", "k2", "k3"]),
+         ("in_set", "placement", ["reward", "loss", "both"]), ("not_null", "bias_norm")],
+        "P5's table by enumeration: each (estimator, placement) configuration's gradient bias.",
+    )
+)
+
 
 def get_contract(name: str) -> Contract:
     """The contract named ``name``. Raises KeyError naming the known contracts."""
