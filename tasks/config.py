@@ -103,40 +103,54 @@ class KLConfig(_Strict):
 
     ``estimator`` k1/k2/k3 (Schulman's estimators), ``placement`` ``reward`` (detached, summed over
     the sequence and subtracted from the reward before advantages) or ``loss`` (beta * mean k added
-    to the loss) or ``both``; ``beta`` = 0 disables it.
+    to the loss) or ``both``; ``beta`` = 0 disables it. ``importance_weighted`` multiplies the
+    in-loss estimate by the sequence ratio pi_theta / pi_old (P5's ``rho * k3`` for stale samples).
     """
 
     estimator: Literal["k1", "k2", "k3"] = "k1"
     placement: Literal["reward", "loss", "both"] = "reward"
     beta: float = Field(default=0.05, ge=0.0)
+    importance_weighted: bool = False
 
 
 class TrainConfig(_Strict):
-    """GRPO / GSPO on a LoRA adapter. See ``tasks/train/losses.py`` for the objectives."""
+    """GRPO / GSPO / GSPO-token on a LoRA adapter. See ``tasks/train/losses.py`` for the objectives.
 
-    algorithm: Literal["grpo", "gspo"] = "grpo"
+    ``init_adapter``: a peft adapter folder to start from (else a fresh adapter, LoRA B = 0).
+    ``reference``: ``initial`` = the starting policy, kept frozen (the base model for a fresh
+    adapter, the starting adapter otherwise); ``base`` = the base model with the adapter disabled.
+    ``checkpoint_every``: steps between resumable training states (adapter, optimizer, RNG, step).
+    """
+
+    algorithm: Literal["grpo", "gspo", "gspo_token"] = "grpo"
     steps: int = Field(default=2, ge=1)
     lr: float = Field(default=2e-4, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     micro_batch_size: int = Field(default=8, gt=0)
-    grouping: Literal["within", "cross"] = "within"
+    grouping: Literal["within", "cross", "cross_coverage_matched", "cross_residualized"] = "within"
     advantage_scale: Literal["std", "none"] = "std"
     clip_low: float = Field(default=0.2, gt=0)
     clip_high: float = Field(default=0.2, gt=0)
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     max_len: int | None = Field(default=None, gt=0)
     old_logprobs: Literal["recompute", "sampler"] = "recompute"
+    reference: Literal["initial", "base"] = "initial"
+    init_adapter: str | None = None
+    checkpoint_every: int = Field(default=1, ge=1)
     kl: KLConfig = Field(default_factory=KLConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
     @model_validator(mode="after")
     def _check_combination(self) -> "TrainConfig":
-        if self.algorithm == "gspo" and self.agg != "seq_mean_token_mean":
+        if self.algorithm in ("gspo", "gspo_token") and self.agg != "seq_mean_token_mean":
             raise ValueError(
                 f"train.agg={self.agg!r} is not defined for GSPO: GSPO's loss is a mean over sequences "
                 "of a sequence-level ratio (arXiv 2507.18071, eq. 5); use agg: seq_mean_token_mean"
             )
+        if self.kl.importance_weighted and self.kl.placement == "reward":
+            raise ValueError("train.kl.importance_weighted applies to the in-loss KL; placement 'reward' has none "
+                             "(use placement 'loss' or 'both')")
         if self.agg == "seq_mean_token_sum_norm" and self.max_len is None:
             raise ValueError("train.agg='seq_mean_token_sum_norm' (Dr. GRPO) needs train.max_len, the constant normaliser")
         return self

@@ -104,17 +104,20 @@ class HFPolicy:
         logp_all = torch.log_softmax(scores, dim=-1).gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
         gens = []
         for i in range(len(prompts)):
-            toks = seqs[i].tolist()
-            if self.eos_id in toks:
-                n = toks.index(self.eos_id) + 1
-                finish = "stop"
-            else:
-                n = len(toks)
-                finish = "length"
-            toks = toks[:n]
-            gens.append(Generation(token_ids=toks, logprobs=[float(x) for x in logp_all[i, :n]],
-                                   finish_reason=finish, text=self.tokenizer.decode(toks, skip_special_tokens=True)))
+            toks, lps, finish = trim_completion(seqs[i].tolist(), logp_all[i].tolist(), self.eos_id)
+            gens.append(Generation(token_ids=toks, logprobs=lps, finish_reason=finish,
+                                   text=self.tokenizer.decode(toks, skip_special_tokens=True)))
         return gens
+
+
+def trim_completion(tokens: list[int], logprobs: list[float], eos_id: int) -> tuple[list[int], list[float], str]:
+    """Cut a generated row at its first EOS (kept, finish ``stop``); without an EOS keep every
+    token (finish ``length``). Whatever follows the first EOS is padding, which may use the EOS id
+    itself (SmolLM2's pad id is its EOS id), and is dropped with its log-probs."""
+    if eos_id in tokens:
+        n = tokens.index(eos_id) + 1
+        return tokens[:n], [float(x) for x in logprobs[:n]], "stop"
+    return list(tokens), [float(x) for x in logprobs], "length"
 
 
 class ChatFormat:

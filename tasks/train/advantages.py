@@ -85,3 +85,82 @@ def zero_signal_fraction(advantages: torch.Tensor, group_ids: Sequence[str]) -> 
     for v, g in zip(a, group_ids):
         groups[g] = groups.get(g, True) and v == 0.0
     return sum(groups.values()) / max(len(groups), 1)
+
+
+def residualized_rewards(rewards: torch.Tensor | Sequence[float], task_ids: Sequence[str],
+                         harness_ids: Sequence[str]) -> torch.Tensor:
+    """P4's residualized Cross (METHODS.md): subtract from each reward a leave-one-task-out
+    per-harness baseline, b_{h,-x} = mean reward of harness h over every *other* task, so that a
+    harness's overall success rate no longer leaks into the pooled per-task advantage.
+
+    Returns float64 ``[N]``. A harness seen on only one task has no leave-one-out baseline; its
+    rewards are left as they are (baseline 0).
+
+    Raises:
+        ValueError: lengths differ.
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
+    if not (r.numel() == len(task_ids) == len(harness_ids)):
+        raise ValueError(f"rewards ({r.numel()}), task_ids ({len(task_ids)}) and harness_ids ({len(harness_ids)}) differ")
+    sums: dict[tuple[str, str], float] = {}
+    counts: dict[tuple[str, str], int] = {}
+    h_sum: dict[str, float] = {}
+    h_cnt: dict[str, int] = {}
+    for v, t, h in zip(r.tolist(), task_ids, harness_ids):
+        sums[(h, t)] = sums.get((h, t), 0.0) + v
+        counts[(h, t)] = counts.get((h, t), 0) + 1
+        h_sum[h] = h_sum.get(h, 0.0) + v
+        h_cnt[h] = h_cnt.get(h, 0) + 1
+    out = r.clone()
+    for i, (t, h) in enumerate(zip(task_ids, harness_ids)):
+        n_other = h_cnt[h] - counts[(h, t)]
+        if n_other > 0:
+            out[i] = r[i] - (h_sum[h] - sums[(h, t)]) / n_other
+    return out
+
+
+def coverage_matched_mask(within_adv: torch.Tensor, cross_adv: torch.Tensor, *, seed: int) -> torch.Tensor:
+    """P4's coverage-matched Cross: keep a seeded random subset of the Cross samples with non-zero
+    advantage, as many as Within has (or all of them if Cross has fewer). Returns a bool ``[N]``
+    keep-mask; dropped samples get advantage 0 (:func:`advantages_for`)."""
+    n_within = int((within_adv != 0).sum())
+    candidates = torch.nonzero(cross_adv != 0).flatten()
+    keep = torch.zeros(cross_adv.numel(), dtype=torch.bool)
+    if len(candidates) <= n_within:
+        keep[candidates] = True
+        return keep
+    g = torch.Generator().manual_seed(seed)
+    chosen = candidates[torch.randperm(len(candidates), generator=g)[:n_within]]
+    keep[chosen] = True
+    return keep
+
+
+GROUPINGS = ("within", "cross", "cross_coverage_matched", "cross_residualized")
+
+
+def advantages_for(rewards: torch.Tensor | Sequence[float], task_ids: Sequence[str], harness_ids: Sequence[str],
+                   grouping: str, *, scale: Literal["std", "none"] = "std", seed: int = 0,
+                   eps: float = 1e-6) -> tuple[torch.Tensor, list[str]]:
+    """Advantages ``[N]`` (float32) and the group ids under one of P4's grouping rules:
+
+    - ``within``: one group per (task, harness);
+    - ``cross``: harnesses pooled per task;
+    - ``cross_coverage_matched``: Cross, subsampled (seeded) to Within's number of non-zero-advantage samples;
+    - ``cross_residualized``: Cross over rewards minus a leave-one-task-out per-harness baseline.
+
+    Raises:
+        ValueError: unknown ``grouping`` (the message lists the rules) or bad inputs.
+    """
+    if grouping == "within":
+        g = group_ids(task_ids, harness_ids, "within")
+        return group_advantages(rewards, g, scale=scale, eps=eps), g
+    g = group_ids(task_ids, harness_ids, "cross")
+    if grouping == "cross":
+        return group_advantages(rewards, g, scale=scale, eps=eps), g
+    if grouping == "cross_residualized":
+        return group_advantages(residualized_rewards(rewards, task_ids, harness_ids), g, scale=scale, eps=eps), g
+    if grouping == "cross_coverage_matched":
+        cross = group_advantages(rewards, g, scale=scale, eps=eps)
+        within = group_advantages(rewards, group_ids(task_ids, harness_ids, "within"), scale=scale, eps=eps)
+        return cross * coverage_matched_mask(within, cross, seed=seed), g
+    raise ValueError(f"grouping {grouping!r} is not one of {GROUPINGS}")

@@ -43,3 +43,16 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: Literal["k1", 
         log_r = log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         return torch.expm1(log_r) - log_r
     raise ValueError(f"KL estimator {kind!r} is not one of 'k1', 'k2', 'k3'")
+
+
+def importance_weighted(per_token: torch.Tensor, logp: torch.Tensor, behaviour_logp: torch.Tensor,
+                        mask: torch.Tensor) -> torch.Tensor:
+    """Per-token KL estimates ``[B, T]`` weighted by the sequence importance ratio
+    rho_i = pi_theta(y_i) / pi_old(y_i) = exp(sum_t m_t (logp - behaviour_logp)), differentiable
+    through rho. For samples drawn from a stale policy pi_old, E_old[grad (rho * sum_t k3_t)] is the
+    exact gradient of the sequence-level reverse KL (P5, "rho * k3"; checked by ``harnessrl
+    kl-check``, row k3/loss/stale-is). rho is not clipped: bound the staleness instead.
+    """
+    m = mask.to(logp.dtype)
+    log_rho = ((logp - behaviour_logp.detach()) * m).sum(-1, keepdim=True)
+    return per_token * torch.exp(log_rho.clamp(max=LOG_RATIO_CLAMP))

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from tasks.train.kl import kl_estimate
+from tasks.train.kl import importance_weighted, kl_estimate
 
 # What METHODS.md (P5) says of each configuration: True = unbiased gradient of the sequence KL.
 PAPER_CLAIMS: dict[str, bool] = {
@@ -88,7 +88,10 @@ def _per_sequence_surrogate(kind: str, placement: str, stale: str, lp: torch.Ten
     if placement in ("reward", "both"):
         out = out + (w * k_sum).detach() * logp_seq
     if placement in ("loss", "both"):
-        out = out + (w if stale == "is" else 1.0) * k_sum
+        k = kl_estimate(lp, lp_ref, kind)
+        if stale == "is":  # the trainer's own function: rho * k, differentiable through rho
+            k = importance_weighted(k, lp, lp_old, torch.ones_like(lp))
+        out = out + k.sum(-1)
     return out
 
 

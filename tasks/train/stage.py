@@ -9,7 +9,7 @@ from pathlib import Path
 
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
-from tasks.hashing import sha256_dir
+from tasks.hashing import sha256_dir, sha256_json
 from tasks.rollout.stage import harness_specs
 
 log = logging.getLogger("harnessrl.train")
@@ -36,8 +36,14 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     seqs = build_sequences(episodes, store.rows(inputs["turns"]), sampling)
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
     base_id = model_id(model_dir)
+    resume_key = sha256_json({"config": cfg.section_hash("policy", "train"),
+                              "inputs": {k: v.sha256 for k, v in sorted(inputs.items())}})
     with tempfile.TemporaryDirectory(prefix="harnessrl-adapter-") as tmp:
-        result = train(cfg, model_dir, seqs, Path(tmp) / "adapter", log=log.info)
+        # the resumable state lives in the run folder for a local store (a rerun after a kill
+        # resumes from it), in a temporary folder otherwise
+        state = (Path(store.root) if store.is_local else Path(tmp)) / "train" / "state" / "trainer_state.pt"
+        result = train(cfg, model_dir, seqs, Path(tmp) / "adapter", log=log.info, state_path=state,
+                       resume_key=resume_key)
         # adapter_config.json records the absolute base-model path; keep the folder machine-independent
         conf = result.adapter_dir / "adapter_config.json"
         c = json.loads(conf.read_text())

@@ -57,3 +57,45 @@ def test_bad_input_is_named():
         group_advantages([float("nan"), 1.0], ["a", "a"])
     with pytest.raises(ValueError, match="2 entries"):
         group_advantages([1.0, 0.0], ["a"])
+
+
+def test_residualized_rewards_subtract_leave_one_task_out_harness_means():
+    from tasks.train.advantages import residualized_rewards
+
+    t = ["x", "x", "y", "y", "z"]
+    h = ["A", "B", "A", "B", "A"]
+    r = [1.0, 0.0, 0.5, 0.0, 0.0]
+    res = residualized_rewards(r, t, h)
+    # harness A on task x: other tasks' A rewards are {0.5, 0.0} -> baseline 0.25
+    assert res.tolist() == pytest.approx([0.75, 0.0, 0.0, 0.0, -0.75])
+
+
+def test_residualized_cross_removes_a_constant_harness_offset():
+    from tasks.train.advantages import advantages_for
+
+    # harness A always scores 0.5 more than B: that gap is the harness identity, not the task
+    t = ["x", "x", "y", "y", "z", "z"]
+    h = ["A", "B", "A", "B", "A", "B"]
+    r = [0.6, 0.1, 0.9, 0.4, 0.7, 0.2]
+    plain, _ = advantages_for(r, t, h, "cross")
+    resid, _ = advantages_for(r, t, h, "cross_residualized")
+    assert plain[0] > 0 > plain[1]
+    assert resid.abs().max().item() < 1e-9  # equal up to float rounding; eps keeps it tiny
+
+
+def test_coverage_matched_cross_keeps_withins_count_of_nonzero_samples():
+    from tasks.train.advantages import advantages_for
+
+    t = ["x"] * 4 + ["y"] * 4
+    h = ["A", "A", "B", "B"] * 2
+    r = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    within, _ = advantages_for(r, t, h, "within")
+    cross, _ = advantages_for(r, t, h, "cross")
+    matched, _ = advantages_for(r, t, h, "cross_coverage_matched", seed=7)
+    n_w = int((within != 0).sum())
+    assert n_w == 2 and int((cross != 0).sum()) == 8
+    assert int((matched != 0).sum()) == n_w
+    kept = matched != 0
+    assert torch.equal(matched[kept], cross[kept])
+    again, _ = advantages_for(r, t, h, "cross_coverage_matched", seed=7)
+    assert torch.equal(matched, again)

@@ -1,0 +1,106 @@
+"""The trainer on the tiny model: resume after a kill, starting adapters and the reference,
+micro-batch invariance, GSPO variants, and the masks."""
+
+import shutil
+
+import pytest
+import torch
+
+from tasks.config import RunConfig
+from tasks.hashing import sha256_dir
+from tasks.train.sequences import TrainSequence
+from tasks.train.trainer import TrainingInterrupted, _pad, train
+
+
+def _cfg(model_dir, **train_over):
+    t = {"steps": 3, "lr": 0.05, "micro_batch_size": 3, "lora": {"r": 4, "alpha": 8}}
+    t.update(train_over)
+    return RunConfig.model_validate({"name": "t", "suites": [{"name": "basic_arithmetic", "size": 2}],
+                                     "harnesses": ["direct"], "policy": {"model": str(model_dir)}, "train": t})
+
+
+def _seqs(n=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(5, 500, (4 + i % 3,), generator=g).tolist()
+        comp = torch.randint(5, 500, (2 + (i * 5) % 7,), generator=g).tolist()
+        ids = prompt + comp
+        out.append(TrainSequence(
+            episode_id=f"e{i}", ids=ids, mask=[0] * len(prompt) + [1] * len(comp),
+            behaviour_logp=[0.0] * len(prompt) + [-2.0] * len(comp), reward=float(i % 2),
+            task_id=f"t{i // 3}", task_hash=f"h{i // 3}", harness_id="H", sampling_key=(1.0, 0, 1.0)))
+    return out
+
+
+def test_resume_after_a_kill_ends_exactly_where_an_uninterrupted_run_ends(tiny_model_dir, tmp_path):
+    cfg = _cfg(tiny_model_dir)
+    full = train(cfg, tiny_model_dir, _seqs(), tmp_path / "full", log=lambda m: None)
+    state = tmp_path / "state.pt"
+    with pytest.raises(TrainingInterrupted):
+        train(cfg, tiny_model_dir, _seqs(), tmp_path / "a", log=lambda m: None, state_path=state, resume_key="k",
+              stop_after=2)
+    logs = []
+    resumed = train(cfg, tiny_model_dir, _seqs(), tmp_path / "b", log=logs.append, state_path=state, resume_key="k")
+    assert any("resuming after step 2" in m for m in logs)
+    assert [r["loss"] for r in resumed.steps] == [r["loss"] for r in full.steps]
+    assert sha256_dir(tmp_path / "b") == sha256_dir(tmp_path / "full")
+    # a state written under another key is ignored
+    other = train(cfg, tiny_model_dir, _seqs(), tmp_path / "c", log=logs.append, state_path=state, resume_key="other")
+    assert len(other.steps) == 3 and sha256_dir(tmp_path / "c") == sha256_dir(tmp_path / "full")
+
+
+def test_starting_adapter_as_reference_has_zero_kl_at_step_one(tiny_model_dir, tmp_path):
+    # case 5h: a non-zero starting adapter, kept frozen as the reference: KL exactly 0 at the first step
+    first = train(_cfg(tiny_model_dir, steps=2), tiny_model_dir, _seqs(), tmp_path / "start", log=lambda m: None)
+    assert first.steps[1]["kl"] != 0.0  # the adapter moved: it is non-zero
+    cfg = _cfg(tiny_model_dir, steps=2, init_adapter=str(tmp_path / "start"), kl={"estimator": "k3", "placement": "loss",
+                                                                                  "beta": 0.1})
+    res = train(cfg, tiny_model_dir, _seqs(), tmp_path / "next", log=lambda m: None)
+    assert res.steps[0]["kl"] == 0.0 and res.steps[1]["kl"] > 0.0
+    base_ref = _cfg(tiny_model_dir, steps=1, init_adapter=str(tmp_path / "start"), reference="base",
+                    kl={"estimator": "k3", "placement": "loss", "beta": 0.1})
+    res_b = train(base_ref, tiny_model_dir, _seqs(), tmp_path / "next-b", log=lambda m: None)
+    assert res_b.steps[0]["kl"] > 0.0  # reference = base: the starting adapter already differs from it
+
+
+@pytest.mark.parametrize("algorithm,agg", [("grpo", "token_mean"), ("grpo", "seq_mean_token_mean"),
+                                           ("gspo", "seq_mean_token_mean"), ("gspo_token", "seq_mean_token_mean")])
+def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, tmp_path, algorithm, agg):
+    kw = dict(steps=1, algorithm=algorithm, agg=agg, kl={"estimator": "k2", "placement": "loss", "beta": 0.2})
+    one = train(_cfg(tiny_model_dir, micro_batch_size=6, **kw), tiny_model_dir, _seqs(), tmp_path / "one", log=lambda m: None)
+    many = train(_cfg(tiny_model_dir, micro_batch_size=1, **kw), tiny_model_dir, _seqs(), tmp_path / "many",
+                 log=lambda m: None)
+    assert one.steps[0]["loss"] == pytest.approx(many.steps[0]["loss"], rel=1e-4, abs=1e-6)
+    assert one.steps[0]["grad_norm"] == pytest.approx(many.steps[0]["grad_norm"], rel=1e-3)
+
+
+def test_padding_is_masked_and_pad_equal_to_eos_keeps_the_first_eos():
+    # case 5c: padding never enters the loss; with pad id == EOS id the one real EOS is kept
+    eos = 7
+    s1 = TrainSequence("a", [1, 2, 3, eos], [0, 1, 1, 1], [0, -1, -1, -1], 1.0, "t", "h", "H", (1.0, 0, 1.0))
+    s2 = TrainSequence("b", [1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 1], [0, 0, -1, -1, -1, -1], 0.0, "t", "h", "H",
+                       (1.0, 0, 1.0))
+    ids, attn, mask, _ = _pad([s1, s2], [0, 1], pad_id=eos)
+    assert ids[0].tolist() == [1, 2, 3, eos, eos, eos]
+    assert mask[0].tolist() == [1, 1, 1, 0, 0]  # targets: the real EOS (position 3) is trained, pads are not
+    assert attn[0].tolist() == [1, 1, 1, 1, 0, 0]
+    assert mask[1].tolist() == [0, 1, 1, 1, 1]  # no EOS (truncated): every generated token, nothing more
+
+
+def test_generation_trims_at_the_first_eos_when_pad_is_eos():
+    from tasks.rollout.policy import trim_completion
+
+    toks, lps, finish = trim_completion([5, 6, 2, 2, 2], [-1.0, -2.0, -0.5, -9.0, -9.0], eos_id=2)
+    assert (toks, lps, finish) == ([5, 6, 2], [-1.0, -2.0, -0.5], "stop")
+    toks, lps, finish = trim_completion([5, 6, 7], [-1.0, -2.0, -3.0], eos_id=2)
+    assert (toks, finish) == ([5, 6, 7], "length")
+
+
+def test_lora_rank_32_trains(tiny_model_dir, tmp_path):
+    res = train(_cfg(tiny_model_dir, steps=1, lora={"r": 32, "alpha": 64}), tiny_model_dir, _seqs(), tmp_path / "r32",
+                log=lambda m: None)
+    import json
+
+    assert json.loads((tmp_path / "r32/adapter_config.json").read_text())["r"] == 32
+    assert res.steps[0]["grad_norm"] > 0
