@@ -25,7 +25,7 @@ StageFn = Callable[[ArtifactStore, RunConfig, dict[str, ArtifactRef]], dict[str,
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "freeze": ("suites", "split", "harnesses"),
     "rollout": ("policy", "sandbox", "rollout"),
-    "train": ("policy", "train"),
+    "train": ("policy", "train", "rollout", "sandbox"),
     "evaluate": ("policy", "sandbox", "evaluate"),
     "analyze": ("analyze",),
 }

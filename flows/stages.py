@@ -49,7 +49,7 @@ def rollout_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], f
 def train_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], rollouts: dict[str, ArtifactRef],
                force: bool = False) -> dict[str, Any]:
     """GRPO/GSPO on a LoRA adapter over the rollouts; a checkpoint and per-step metrics come out."""
-    inputs = {"tasks": frozen["tasks"], "harnesses": frozen["harnesses"], **rollouts}
+    inputs = {"tasks": frozen["tasks"], "harnesses": frozen["harnesses"], "records": frozen["records"], **rollouts}
     return _timed("train", train_task, run_dir, cfg, inputs, force)
 
 

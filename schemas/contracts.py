@@ -178,7 +178,7 @@ TURNS = _register(
 TRAIN_STEPS = _register(
     Contract(
         "train_steps",
-        1,
+        2,
         _s(
             ("step", pa.int32()),
             ("loss", pa.float64()),
@@ -191,8 +191,11 @@ TRAIN_STEPS = _register(
             ("zero_adv_frac", pa.float64()),
             ("lr", pa.float64()),
             ("tokens", pa.int64()),
+            ("policy_version_sampled", pa.int64()),
+            ("staleness", pa.int64()),
         ),
-        [("unique", "step"), ("between", "clip_frac", 0.0, 1.0), ("between", "zero_adv_frac", 0.0, 1.0)],
+        [("unique", "step"), ("between", "clip_frac", 0.0, 1.0), ("between", "zero_adv_frac", 0.0, 1.0),
+         ("between", "staleness", 0, 1_000_000)],
         "One optimizer step. Wall-clock figures (seconds, tokens/s) vary run to run, so they live in the "
         "manifest's extra.timing, not in the Parquet, which stays byte-identical for a given config and seed.",
     )

@@ -54,6 +54,7 @@ class ArtifactRef(BaseModel):
     sha256: str
     rows: int
     schema_version: int
+    contract: str = ""  # the contract's name when it differs from the artifact's (e.g. online_episodes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -271,7 +272,8 @@ class ArtifactStore:
             **({"extra": dict(extra)} if extra else {}),
         }
         self.write_json(f"{stage}/{name}.manifest.json", manifest)
-        return ArtifactRef(name=name, stage=stage, path=rel, sha256=sha, rows=table.num_rows, schema_version=c.version)
+        return ArtifactRef(name=name, stage=stage, path=rel, sha256=sha, rows=table.num_rows, schema_version=c.version,
+                           contract=c.name if c.name != name else "")
 
     def manifest(self, stage: str, name: str) -> dict[str, Any]:
         return self.read_json(f"{stage}/{name}.manifest.json")
@@ -281,7 +283,7 @@ class ArtifactStore:
         m = self.manifest(stage, name)
         return ArtifactRef(
             name=name, stage=stage, path=f"{stage}/{name}.parquet", sha256=m["sha256"], rows=m["rows"],
-            schema_version=m["schema_version"],
+            schema_version=m["schema_version"], contract=m["contract"] if m["contract"] != name else "",
         )
 
     def read(self, ref: ArtifactRef | tuple[str, str], *, contract: str | None = None) -> pa.Table:
@@ -301,7 +303,7 @@ class ArtifactStore:
                 "the file changed after it was written (rerun the stage with --from)"
             )
         table = pq.read_table(io.BytesIO(data))
-        c = get_contract(contract or ref.name)
+        c = get_contract(contract or ref.contract or ref.name)
         meta = table.schema.metadata or {}
         version = int(meta.get(b"harnessrl.version", b"0"))
         if version != c.version:

@@ -120,6 +120,10 @@ class TrainConfig(_Strict):
     ``reference``: ``initial`` = the starting policy, kept frozen (the base model for a fresh
     adapter, the starting adapter otherwise); ``base`` = the base model with the adapter disabled.
     ``checkpoint_every``: steps between resumable training states (adapter, optimizer, RNG, step).
+    ``mode``: ``frozen`` = ``steps`` optimizer steps over the rollout stage's episodes (old
+    log-probs recomputed by default); ``online`` = the trainer samples fresh rollouts with its
+    current policy and uses each batch for up to ``max_staleness + 1`` steps (off-policy when
+    > 0), with the behaviour log-probs recorded at sampling as the old log-probs.
     """
 
     algorithm: Literal["grpo", "gspo", "gspo_token"] = "grpo"
@@ -134,7 +138,9 @@ class TrainConfig(_Strict):
     clip_high: float = Field(default=0.2, gt=0)
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     max_len: int | None = Field(default=None, gt=0)
-    old_logprobs: Literal["recompute", "sampler"] = "recompute"
+    mode: Literal["frozen", "online"] = "frozen"
+    max_staleness: int = Field(default=0, ge=0)
+    old_logprobs: Literal["recompute", "sampler"] | None = None
     reference: Literal["initial", "base"] = "initial"
     init_adapter: str | None = None
     checkpoint_every: int = Field(default=1, ge=1)
@@ -148,6 +154,11 @@ class TrainConfig(_Strict):
                 f"train.agg={self.agg!r} is not defined for GSPO: GSPO's loss is a mean over sequences "
                 "of a sequence-level ratio (arXiv 2507.18071, eq. 5); use agg: seq_mean_token_mean"
             )
+        if self.mode == "online" and self.old_logprobs == "recompute":
+            raise ValueError("train.old_logprobs='recompute' with mode 'online': stale samples must use the behaviour "
+                             "log-probs recorded at sampling (old_logprobs: sampler)")
+        if self.mode == "frozen" and self.max_staleness:
+            raise ValueError("train.max_staleness applies to mode 'online' only")
         if self.kl.importance_weighted and self.kl.placement == "reward":
             raise ValueError("train.kl.importance_weighted applies to the in-loss KL; placement 'reward' has none "
                              "(use placement 'loss' or 'both')")

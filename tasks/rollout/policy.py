@@ -68,6 +68,20 @@ class HFPolicy:
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.pad_id = int(self.tokenizer.pad_token_id)
 
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, cfg: PolicyConfig, *, policy_id: str,
+                   autocast_dtype: str = "float32") -> "HFPolicy":
+        """Wrap a model already in memory (the trainer's, for online rollouts). Generation runs
+        in eval mode under ``autocast_dtype`` and puts the model back in its previous mode."""
+        self = cls.__new__(cls)
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        self.adapter_sha256, self.base_model_id, self.policy_id = "", policy_id, policy_id
+        self.eos_id, self.pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
+        self._autocast = autocast_dtype
+        return self
+
+    _autocast = "float32"
+
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
         """Sample one completion per prompt (token-id lists), in batches of ``cfg.batch_size``.
 
@@ -96,8 +110,14 @@ class HFPolicy:
             eos_token_id=self.eos_id, pad_token_id=self.pad_id, return_dict_in_generate=True, output_scores=True,
         )
         torch.manual_seed(seed)
-        with torch.inference_mode():
-            res = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), autocast(device, self._autocast):
+                res = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
+                                          generation_config=gen_cfg)
+        finally:
+            self.model.train(was_training)
         seqs = res.sequences[:, width:].cpu()
         # scores[t]: [B, V] processed logits the token at step t was drawn from
         scores = torch.stack(res.scores, dim=1).float().cpu()  # [B, T, V]

@@ -63,6 +63,24 @@ def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], task
     return episodes, turns
 
 
+def episode_rows(eps: list[dict[str, Any]], policy_id: str, policy_version: int) -> list[dict[str, Any]]:
+    """Rows of the ``episodes`` artifact from :func:`run_records` output (its ``record`` entries
+    are consumed). ``group_id`` is the sampling group, (task, harness)."""
+    gids = group_ids([e["record"]["task_id"] for e in eps], [e["record"]["harness_id"] for e in eps], "within")
+    rows = []
+    for e, g in zip(eps, gids):
+        r = e.pop("record")
+        rows.append({
+            "episode_id": e["episode_id"], "record_id": r["record_id"], "task_id": r["task_id"],
+            "task_hash": r["task_hash"], "harness_id": r["harness_id"], "harness_name": r["harness_name"],
+            "split": r["split"], "policy_id": policy_id, "policy_version": policy_version, "group_id": g,
+            "sample_idx": e["sample_idx"], "seed": e["seed"], "reward": e["reward"], "success": e["success"],
+            "status": e["status"], "num_turns": e["num_turns"], "input_tokens": e["input_tokens"],
+            "output_tokens": e["output_tokens"], "final_answer": e["final_answer"],
+        })
+    return rows
+
+
 def run_rollout(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
     """Sample ``rollout.samples_per_task`` episodes per train record with the base policy."""
     tasks = {t["task_id"]: t for t in store.rows(inputs["tasks"])}
@@ -73,18 +91,7 @@ def run_rollout(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
     policy = load_policy(cfg)
     eps, turns = run_records(policy, cfg, specs, tasks, records, cfg.rollout.samples_per_task,
                              seed_from(cfg.seed, "rollout"), "rollout")
-    gids = group_ids([e["record"]["task_id"] for e in eps], [e["record"]["harness_id"] for e in eps], "within")
-    rows = []
-    for e, g in zip(eps, gids):
-        r = e.pop("record")
-        rows.append({
-            "episode_id": e["episode_id"], "record_id": r["record_id"], "task_id": r["task_id"],
-            "task_hash": r["task_hash"], "harness_id": r["harness_id"], "harness_name": r["harness_name"],
-            "split": r["split"], "policy_id": policy.policy_id, "policy_version": 0, "group_id": g,
-            "sample_idx": e["sample_idx"], "seed": e["seed"], "reward": e["reward"], "success": e["success"],
-            "status": e["status"], "num_turns": e["num_turns"], "input_tokens": e["input_tokens"],
-            "output_tokens": e["output_tokens"], "final_answer": e["final_answer"],
-        })
+    rows = episode_rows(eps, policy.policy_id, 0)
     ch = cfg.section_hash("policy", "sandbox", "rollout")
     ins = [inputs["tasks"], inputs["harnesses"], inputs["records"]]
     ep_ref = store.write("rollout", "episodes", rows, inputs=ins, config_hash=ch)

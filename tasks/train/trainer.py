@@ -115,190 +115,333 @@ def _save_state(path: Path, state: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: Path,
-          log: Callable[[str], None] = print, *, state_path: Path | None = None, resume_key: str = "",
-          stop_after: int | None = None) -> TrainResult:
-    """Run ``cfg.train.steps`` GRPO / GSPO / GSPO-token steps on a LoRA adapter over ``seqs`` and
-    save the adapter to ``out_dir``.
+class TrainingInterrupted(RuntimeError):
+    """Raised when ``stop_after`` steps are done (a simulated kill, for resume tests)."""
 
-    Args:
-        cfg: the run config (``train`` and ``policy`` sections are read).
-        model_dir: the base model folder.
-        seqs: the training sequences (one per episode).
-        out_dir: where the final adapter is saved.
-        state_path: file for the resumable state (adapter weights, AdamW state, RNG, step, metric
-            rows), rewritten every ``train.checkpoint_every`` steps. When it holds a state with the
-            same ``resume_key``, training resumes after its step and ends exactly where an
-            uninterrupted run would.
-        stop_after: stop (raising :class:`TrainingInterrupted`) after this many steps of this call;
-            used to test resumption.
 
-    Returns:
-        :class:`TrainResult`: per-step metric rows, wall-clock timing, the adapter folder.
+@dataclass
+class PreparedBatch:
+    """A batch ready for optimizer steps: advantages ``[N]``, per-sequence old and reference
+    log-probs (1-D, masked), the micro-batches of sequences with signal, global denominators."""
 
-    Raises:
-        ValueError: no sequences, or no policy-generated token in the batch.
-        FloatingPointError: a non-finite gradient norm.
+    seqs: list[TrainSequence]
+    rewards: Any
+    adv: Any
+    zero_frac: float
+    num_tokens: float
+    num_seqs: float
+    batches: list[list[int]]
+    old: dict[int, Any]
+    ref: dict[int, Any]
+    version: int  # policy version that sampled the batch
+
+
+class Trainer:
+    """One LoRA policy, its optimizer and its reference, stepping over prepared batches.
+
+    The reference policy is the starting policy kept frozen (``train.reference: initial``): the
+    base model for a fresh adapter (LoRA B = 0, so the adapter-disabled model is that policy,
+    exactly), or a frozen second copy of ``init_adapter``; or the base model with the adapter
+    disabled (``reference: base``).
     """
-    import torch
-    from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
-    from tasks.rollout.models import load_model_and_tokenizer
-    from tasks.rollout.policy import autocast
-    from tasks.train.advantages import advantages_for, zero_signal_fraction
-    from tasks.train.kl import importance_weighted, kl_estimate
-    from tasks.train.losses import agg_loss, policy_loss
+    def __init__(self, cfg: RunConfig, model_dir: Path, log: Callable[[str], None] = print):
+        import torch
+        from peft import LoraConfig, PeftModel, get_peft_model
 
-    tc = cfg.train
-    kl_cfg = tc.kl
-    if not seqs:
-        raise ValueError("train: no usable episodes (all were infra errors or there were none)")
-    torch.manual_seed(seed_from(cfg.seed, "train"))
-    device = cfg.policy.device
-    base, tok = load_model_and_tokenizer(model_dir, device)
-    pad_id = int(tok.pad_token_id)
-    if tc.init_adapter:
-        model = PeftModel.from_pretrained(base, tc.init_adapter, is_trainable=True)
-    else:
-        model = get_peft_model(base, LoraConfig(r=tc.lora.r, lora_alpha=tc.lora.alpha, lora_dropout=tc.lora.dropout,
-                                                target_modules=list(tc.lora.target_modules), task_type="CAUSAL_LM"))
-    model.train()
-    ac = lambda: autocast(device, cfg.policy.autocast_dtype)  # noqa: E731
+        from tasks.rollout.models import load_model_and_tokenizer
+        from tasks.rollout.policy import autocast
 
-    def passes(indices: list[int], adapter: bool) -> dict[int, Any]:
-        """No-grad log-probs per sequence (1-D, masked) under the starting policy or the base."""
+        self.cfg, self.tc, self.log = cfg, cfg.train, log
+        torch.manual_seed(seed_from(cfg.seed, "train"))
+        self.device = cfg.policy.device
+        base, self.tokenizer = load_model_and_tokenizer(model_dir, self.device)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        tc = self.tc
+        if tc.init_adapter:
+            self.model = PeftModel.from_pretrained(base, tc.init_adapter, is_trainable=True)
+            if tc.reference == "initial":
+                self.model.load_adapter(tc.init_adapter, adapter_name="reference", is_trainable=False)
+                self.model.set_adapter("default")
+        else:
+            self.model = get_peft_model(base, LoraConfig(
+                r=tc.lora.r, lora_alpha=tc.lora.alpha, lora_dropout=tc.lora.dropout,
+                target_modules=list(tc.lora.target_modules), task_type="CAUSAL_LM"))
+        self.ref_mode = "adapter" if (tc.init_adapter and tc.reference == "initial") else "base"
+        self.model.train()
+        self.params = [p for n, p in self.model.named_parameters() if p.requires_grad and ".reference." not in n]
+        self.opt = torch.optim.AdamW(self.params, lr=tc.lr, weight_decay=tc.weight_decay)
+        self.ac = lambda: autocast(self.device, cfg.policy.autocast_dtype)  # noqa: E731
+        self.version = 0
+        self.level = {"grpo": "token", "gspo": "sequence", "gspo_token": "sequence_token"}[tc.algorithm]
+
+    # ---- log-prob passes -------------------------------------------------------------------
+    def passes(self, seqs: list[TrainSequence], indices: list[int], which: str) -> dict[int, Any]:
+        """No-grad log-probs per sequence (1-D, masked) under ``which``: ``policy`` (the current
+        adapter) or ``reference``."""
+        import torch
+
         out: dict[int, Any] = {}
         with torch.no_grad():
-            for idx in _batches([seqs[i] for i in indices], tc.micro_batch_size):
+            for idx in _batches([seqs[i] for i in indices], self.tc.micro_batch_size):
                 idx = [indices[j] for j in idx]
-                ids, attn, mask, _ = _pad(seqs, idx, pad_id)
-                if adapter:
-                    lp = _logp(model, ids.to(device), attn.to(device), mask, seqs[idx[0]].sampling_key, ac)[0]
+                ids, attn, mask, _ = _pad(seqs, idx, self.pad_id)
+                args = (ids.to(self.device), attn.to(self.device), mask, seqs[idx[0]].sampling_key, self.ac)
+                if which == "policy":
+                    lp = _logp(self.model, *args)[0]
+                elif self.ref_mode == "base":
+                    with self.model.disable_adapter():
+                        lp = _logp(self.model, *args)[0]
                 else:
-                    with model.disable_adapter():
-                        lp = _logp(model, ids.to(device), attn.to(device), mask, seqs[idx[0]].sampling_key, ac)[0]
+                    self.model.set_adapter("reference")
+                    try:
+                        lp = _logp(self.model, *args)[0]
+                    finally:
+                        self.model.set_adapter("default")
+                        for n, p in self.model.named_parameters():
+                            if ".reference." in n:
+                                p.requires_grad_(False)
                 for r, i in enumerate(idx):
                     out[i] = lp[r, : len(seqs[i].ids) - 1]
         return out
 
-    def behaviour(i: int) -> Any:
-        return torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
+    # ---- a batch ------------------------------------------------------------------------------
+    def prepare(self, seqs: list[TrainSequence], *, old_from: str, version: int) -> PreparedBatch:
+        """Rewards (minus the in-reward KL), advantages, old and reference log-probs for ``seqs``.
 
-    kl_in_reward = kl_cfg.beta > 0 and kl_cfg.placement in ("reward", "both")
-    kl_in_loss = kl_cfg.beta > 0 and kl_cfg.placement in ("loss", "both")
-    # With a fresh adapter (LoRA B = 0) the starting policy *is* the base model, exactly.
-    ref_is_initial = tc.reference == "initial" or not tc.init_adapter
-    old_is_initial = tc.old_logprobs == "recompute"
-    everyone = list(range(len(seqs)))
-    rewards = torch.tensor([s.reward for s in seqs], dtype=torch.float64)
-    initial: dict[int, Any] = {}
-    base_lp: dict[int, Any] = {}
-    if kl_in_reward and not (ref_is_initial and old_is_initial):
-        # r' = r - beta * sum_t k_t(old, ref), detached, before advantages (P5, "in reward")
-        initial = passes(everyone, adapter=True)
-        base_lp = {} if ref_is_initial else passes(everyone, adapter=False)
-        for i in everyone:
-            old = initial[i] if old_is_initial else behaviour(i)
-            ref = initial[i] if ref_is_initial else base_lp[i]
-            m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
-            rewards[i] -= kl_cfg.beta * float((kl_estimate(old, ref, kl_cfg.estimator) * m).sum())
-    # else: old = ref = the starting policy, so k(old, ref) = 0 for every estimator: nothing to subtract
-    adv, gids = advantages_for(rewards, [s.task_id for s in seqs], [s.harness_id for s in seqs], tc.grouping,
-                               scale=tc.advantage_scale, seed=seed_from(cfg.seed, "coverage"))
-    zero_frac = zero_signal_fraction(adv, gids)
-    num_tokens = float(sum(sum(s.mask[1:]) for s in seqs))
-    num_seqs = float(sum(1 for s in seqs if sum(s.mask[1:]) > 0))
-    if num_tokens == 0:
-        raise ValueError("train: no trainable (policy-generated) tokens in the batch")
-    # A sequence with advantage exactly 0 contributes exactly 0 to the clipped policy loss and its
-    # gradient; unless the KL term is in the loss, it is skipped (it still counts in the global
-    # denominators, so the loss and gradient are those of the whole batch).
-    active = [i for i in everyone if kl_in_loss or adv[i] != 0.0]
-    batches = [[active[j] for j in b] for b in _batches([seqs[i] for i in active], tc.micro_batch_size)]
-    log(f"train: {len(seqs)} sequences, {len(active)} with signal, {int(num_tokens)} policy tokens, "
-        f"{len(batches)} micro-batches, zero-advantage groups {zero_frac:.2f}")
-    missing = [i for i in active if i not in initial]
-    if missing:
-        initial.update(passes(missing, adapter=True))
-    if not ref_is_initial:
-        missing = [i for i in active if i not in base_lp]
-        base_lp.update(passes(missing, adapter=False))
+        ``old_from``: ``recompute`` (the current policy, now) or ``sampler`` (the behaviour
+        log-probs recorded at sampling). Raises ValueError without any policy token.
+        """
+        import torch
 
-    def stack(per_seq: dict[int, Any] | None, idx: list[int], width: int) -> Any:
-        out = torch.zeros((len(idx), width), dtype=torch.float32)
-        for r, i in enumerate(idx):
-            v = per_seq[i] if per_seq is not None else behaviour(i)
-            out[r, : v.numel()] = v
-        return out
+        from tasks.train.advantages import advantages_for, zero_signal_fraction
+        from tasks.train.kl import kl_estimate
 
-    level = {"grpo": "token", "gspo": "sequence", "gspo_token": "sequence_token"}[tc.algorithm]
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
-    rows: list[dict[str, Any]] = []
-    timing: list[dict[str, float]] = []
-    first = 1
-    if state_path is not None and state_path.is_file():
-        st = torch.load(state_path, weights_only=False)
-        if st.get("resume_key") == resume_key:
-            set_peft_model_state_dict(model, st["adapter"])
-            opt.load_state_dict(st["optimizer"])
-            torch.set_rng_state(st["rng"])
-            rows, timing, first = st["rows"], st["timing"], st["step"] + 1
-            log(f"train: resuming after step {st['step']} from {state_path}")
-    for step in range(first, tc.steps + 1):
+        tc, kl_cfg = self.tc, self.tc.kl
+        if not seqs:
+            raise ValueError("train: no usable episodes (all were infra errors or there were none)")
+        everyone = list(range(len(seqs)))
+        kl_in_reward = kl_cfg.beta > 0 and kl_cfg.placement in ("reward", "both")
+        kl_in_loss = kl_cfg.beta > 0 and kl_cfg.placement in ("loss", "both")
+        # Before the first step the current policy *is* the reference (fresh adapter or the
+        # starting adapter kept as reference): one pass serves both.
+        ref_is_current = self.version == 0 and (self.ref_mode == "adapter" or not self.tc.init_adapter)
+        rewards = torch.tensor([s.reward for s in seqs], dtype=torch.float64)
+        old: dict[int, Any] = {}
+        ref: dict[int, Any] = {}
+
+        def behaviour(i: int) -> Any:
+            return torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
+
+        def fill(indices: list[int]) -> None:
+            todo = [i for i in indices if i not in ref]
+            if not todo:
+                return
+            cur = self.passes(seqs, todo, "policy") if (old_from == "recompute" or ref_is_current) else {}
+            ref.update({i: cur[i] for i in todo} if ref_is_current else self.passes(seqs, todo, "reference"))
+            old.update({i: cur[i] for i in todo} if old_from == "recompute" else {i: behaviour(i) for i in todo})
+
+        if kl_in_reward and not (ref_is_current and old_from == "recompute"):
+            # r' = r - beta * sum_t k_t(old, ref), detached, before advantages (P5, "in reward")
+            fill(everyone)
+            for i in everyone:
+                m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
+                rewards[i] -= kl_cfg.beta * float((kl_estimate(old[i], ref[i], kl_cfg.estimator) * m).sum())
+        # else old = ref = the current policy: k(old, ref) = 0 for every estimator, nothing to subtract
+        adv, gids = advantages_for(rewards, [s.task_id for s in seqs], [s.harness_id for s in seqs], tc.grouping,
+                                   scale=tc.advantage_scale, seed=seed_from(self.cfg.seed, "coverage", version))
+        num_tokens = float(sum(sum(s.mask[1:]) for s in seqs))
+        if num_tokens == 0:
+            raise ValueError("train: no trainable (policy-generated) tokens in the batch")
+        # A sequence with advantage exactly 0 contributes exactly 0 to the clipped policy loss and
+        # its gradient; unless a KL term is in the loss it is skipped (it still counts in the
+        # global denominators, so the loss and gradient are those of the whole batch).
+        active = [i for i in everyone if kl_in_loss or adv[i] != 0.0]
+        fill(active)
+        batches = [[active[j] for j in b] for b in _batches([seqs[i] for i in active], tc.micro_batch_size)]
+        zero_frac = zero_signal_fraction(adv, gids)
+        self.log(f"train: {len(seqs)} sequences from policy version {version}, {len(active)} with signal, "
+                 f"{int(num_tokens)} policy tokens, {len(batches)} micro-batches, zero-advantage groups {zero_frac:.2f}")
+        return PreparedBatch(seqs=seqs, rewards=rewards, adv=adv, zero_frac=zero_frac, num_tokens=num_tokens,
+                             num_seqs=float(sum(1 for s in seqs if sum(s.mask[1:]) > 0)), batches=batches,
+                             old=old, ref=ref, version=version)
+
+    def step(self, b: PreparedBatch) -> tuple[dict[str, Any], dict[str, float]]:
+        """One optimizer step over the whole prepared batch (micro-batches accumulate).
+
+        Returns the ``train_steps`` row and its wall-clock timing. Raises FloatingPointError on a
+        non-finite gradient norm."""
+        import torch
+
+        from tasks.train.kl import importance_weighted, kl_estimate
+        from tasks.train.losses import agg_loss, policy_loss
+
+        tc, kl_cfg = self.tc, self.tc.kl
+        kl_in_loss = kl_cfg.beta > 0 and kl_cfg.placement in ("loss", "both")
+
+        def stack(per_seq: dict[int, Any], idx: list[int], width: int) -> Any:
+            out = torch.zeros((len(idx), width), dtype=torch.float32)
+            for r, i in enumerate(idx):
+                out[r, : per_seq[i].numel()] = per_seq[i]
+            return out
+
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad(set_to_none=True)
         tot = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0}
-        seen_tokens = 0.0
-        for idx in batches:
-            ids, attn, mask, _ = _pad(seqs, idx, pad_id)
-            width = mask.shape[1]
-            old_lp = stack(initial if old_is_initial else None, idx, width)
-            ref_lp = stack(initial if ref_is_initial else base_lp, idx, width)
-            logp, ent = _logp(model, ids.to(device), attn.to(device), mask, seqs[idx[0]].sampling_key, ac,
-                              with_entropy=True)
-            m_tokens = float(mask.sum())
-            pg, met = policy_loss(logp, old_lp, adv[idx], mask, level=level, clip_low=tc.clip_low,
+        seen = 0.0
+        for idx in b.batches:
+            ids, attn, mask, _ = _pad(b.seqs, idx, self.pad_id)
+            old_lp, ref_lp = stack(b.old, idx, mask.shape[1]), stack(b.ref, idx, mask.shape[1])
+            logp, ent = _logp(self.model, ids.to(self.device), attn.to(self.device), mask, b.seqs[idx[0]].sampling_key,
+                              self.ac, with_entropy=True)
+            pg, met = policy_loss(logp, old_lp, b.adv[idx], mask, level=self.level, clip_low=tc.clip_low,
                                   clip_high=tc.clip_high, agg=tc.agg, max_len=tc.max_len,
-                                  num_tokens=num_tokens, num_seqs=num_seqs)
+                                  num_tokens=b.num_tokens, num_seqs=b.num_seqs)
             k = kl_estimate(logp, ref_lp, kl_cfg.estimator) * mask
             loss = pg
             if kl_in_loss:
                 k_loss = importance_weighted(k, logp, old_lp, mask) if kl_cfg.importance_weighted else k
-                loss = loss + kl_cfg.beta * agg_loss(k_loss, mask, tc.agg, max_len=tc.max_len, num_tokens=num_tokens,
-                                                     num_seqs=num_seqs)
+                loss = loss + kl_cfg.beta * agg_loss(k_loss, mask, tc.agg, max_len=tc.max_len,
+                                                     num_tokens=b.num_tokens, num_seqs=b.num_seqs)
             loss.backward()
-            seen_tokens += m_tokens
+            m_tokens = float(mask.sum())
+            seen += m_tokens
             tot["loss"] += float(loss.detach())
             tot["policy_loss"] += float(pg.detach())
             tot["kl"] += float(k.detach().sum())
             tot["entropy"] += float((ent * mask).sum())
             tot["clip_frac"] += met["clip_frac"] * m_tokens
         for key in ("kl", "entropy", "clip_frac"):  # token means over the sequences trained on
-            tot[key] = tot[key] / seen_tokens if seen_tokens else 0.0
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)) if batches else 0.0
+            tot[key] = tot[key] / seen if seen else 0.0
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, tc.max_grad_norm)) if b.batches else 0.0
         if not math.isfinite(grad_norm):
-            raise FloatingPointError(f"train step {step}: gradient norm is {grad_norm}")
-        if batches:
-            opt.step()
+            raise FloatingPointError(f"train step {self.version + 1}: gradient norm is {grad_norm}")
+        if b.batches:
+            self.opt.step()
+        self.version += 1
         dt = time.perf_counter() - t0
-        rows.append({
-            "step": step, **tot, "grad_norm": grad_norm, "reward_mean": float(rewards.mean()),
-            "zero_adv_frac": zero_frac, "lr": tc.lr, "tokens": int(seen_tokens),
-        })
-        timing.append({"step": step, "seconds": dt, "tokens_per_s": seen_tokens / dt if dt > 0 else 0.0})
-        log(f"train step {step}/{tc.steps}: loss {tot['loss']:.4f} kl {tot['kl']:.5f} clip {tot['clip_frac']:.3f} "
-            f"grad {grad_norm:.3f} ({dt:.1f} s)")
-        if state_path is not None and (step % tc.checkpoint_every == 0 or step == tc.steps):
-            _save_state(state_path, {"resume_key": resume_key, "step": step, "adapter": get_peft_model_state_dict(model),
-                                     "optimizer": opt.state_dict(), "rng": torch.get_rng_state(), "rows": rows,
-                                     "timing": timing})
-        if stop_after is not None and step - first + 1 >= stop_after and step < tc.steps:
-            raise TrainingInterrupted(f"stopped after step {step} (stop_after={stop_after})")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    return TrainResult(steps=rows, timing=timing, adapter_dir=out_dir)
+        staleness = self.version - 1 - b.version  # versions the trainer is ahead of the sampler
+        row = {"step": self.version, **tot, "grad_norm": grad_norm, "reward_mean": float(b.rewards.mean()),
+               "zero_adv_frac": b.zero_frac, "lr": tc.lr, "tokens": int(seen), "policy_version_sampled": b.version,
+               "staleness": staleness}
+        self.log(f"train step {self.version}/{tc.steps}: loss {tot['loss']:.4f} kl {tot['kl']:.5f} "
+                 f"clip {tot['clip_frac']:.3f} grad {grad_norm:.3f} staleness {staleness} ({dt:.1f} s)")
+        return row, {"step": self.version, "seconds": dt, "tokens_per_s": seen / dt if dt > 0 else 0.0}
+
+    # ---- state ----------------------------------------------------------------------------------
+    def state(self, **extra: Any) -> dict[str, Any]:
+        import torch
+        from peft import get_peft_model_state_dict
+
+        return {"version": self.version, "adapter": get_peft_model_state_dict(self.model),
+                "optimizer": self.opt.state_dict(), "rng": torch.get_rng_state(), **extra}
+
+    def load(self, st: dict[str, Any]) -> None:
+        import torch
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(self.model, st["adapter"])
+        self.opt.load_state_dict(st["optimizer"])
+        torch.set_rng_state(st["rng"])
+        self.version = st["version"]
+
+    def save_adapter(self, out_dir: Path) -> Path:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out_dir, selected_adapters=["default"])
+        return out_dir
 
 
-class TrainingInterrupted(RuntimeError):
-    """Raised by :func:`train` when ``stop_after`` steps are done (a simulated kill)."""
+def _resume(state_path: Path | None, resume_key: str, log: Callable[[str], None]) -> dict[str, Any] | None:
+    import torch
+
+    if state_path is None or not state_path.is_file():
+        return None
+    st = torch.load(state_path, weights_only=False)
+    if st.get("resume_key") != resume_key:
+        return None
+    log(f"train: resuming after step {st['version']} from {state_path}")
+    return st
+
+
+def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: Path,
+          log: Callable[[str], None] = print, *, state_path: Path | None = None, resume_key: str = "",
+          stop_after: int | None = None) -> TrainResult:
+    """Frozen mode: ``cfg.train.steps`` optimizer steps over one batch of rollouts, then save the
+    adapter to ``out_dir``.
+
+    Args:
+        state_path: file for the resumable state (adapter weights, AdamW state, RNG, step, metric
+            rows), rewritten every ``train.checkpoint_every`` steps. When it holds a state with the
+            same ``resume_key``, training resumes after its step and ends bit-identical to an
+            uninterrupted run.
+        stop_after: raise :class:`TrainingInterrupted` after this many steps of this call.
+
+    Raises:
+        ValueError: no sequences, or no policy-generated token in the batch.
+        FloatingPointError: a non-finite gradient norm.
+    """
+    tc = cfg.train
+    trainer = Trainer(cfg, model_dir, log)
+    batch = trainer.prepare(seqs, old_from=tc.old_logprobs or "recompute", version=0)
+    rows: list[dict[str, Any]] = []
+    timing: list[dict[str, float]] = []
+    st = _resume(state_path, resume_key, log)
+    if st is not None:
+        trainer.load(st)
+        rows, timing = st["rows"], st["timing"]
+    done_here = 0
+    while trainer.version < tc.steps:
+        row, t = trainer.step(batch)
+        rows.append(row)
+        timing.append(t)
+        done_here += 1
+        if state_path is not None and (trainer.version % tc.checkpoint_every == 0 or trainer.version == tc.steps):
+            _save_state(state_path, trainer.state(resume_key=resume_key, rows=rows, timing=timing))
+        if stop_after is not None and done_here >= stop_after and trainer.version < tc.steps:
+            raise TrainingInterrupted(f"stopped after step {trainer.version} (stop_after={stop_after})")
+    return TrainResult(steps=rows, timing=timing, adapter_dir=trainer.save_adapter(out_dir))
+
+
+SampleFn = Callable[[Any, int, int], tuple[list[TrainSequence], dict[str, Any]]]
+
+
+def train_online(cfg: RunConfig, model_dir: Path, sample: SampleFn, out_dir: Path,
+                 log: Callable[[str], None] = print, *, state_path: Path | None = None,
+                 resume_key: str = "") -> tuple[TrainResult, list[dict[str, Any]]]:
+    """Online mode with bounded staleness (off-policy when ``train.max_staleness`` > 0).
+
+    Loop until ``train.steps`` optimizer steps: sample a batch with the current policy (version
+    v) through ``sample(trainer, v, iteration)``, which returns the sequences and any rows to
+    keep; take up to ``max_staleness + 1`` steps on it, so the trainer is at most S versions ahead
+    of the policy that sampled it; then sample again. Ratios use the behaviour log-probs recorded
+    at sampling; each step's staleness is in its row. S = 0 is strictly on-policy. The state is
+    saved after every batch; a resumed run continues with the next batch.
+
+    Returns ``(TrainResult, sampled)`` where ``sampled`` collects what ``sample`` returned.
+    """
+    tc = cfg.train
+    trainer = Trainer(cfg, model_dir, log)
+    rows: list[dict[str, Any]] = []
+    timing: list[dict[str, float]] = []
+    sampled: list[dict[str, Any]] = []
+    iteration = 0
+    st = _resume(state_path, resume_key, log)
+    if st is not None:
+        trainer.load(st)
+        rows, timing, sampled, iteration = st["rows"], st["timing"], st["sampled"], st["iteration"] + 1
+    while trainer.version < tc.steps:
+        v = trainer.version
+        seqs, info = sample(trainer, v, iteration)
+        sampled.append(info)
+        batch = trainer.prepare(seqs, old_from="sampler", version=v)
+        for _ in range(tc.max_staleness + 1):
+            if trainer.version >= tc.steps:
+                break
+            row, t = trainer.step(batch)
+            rows.append(row)
+            timing.append(t)
+        if state_path is not None:
+            _save_state(state_path, trainer.state(resume_key=resume_key, rows=rows, timing=timing, sampled=sampled,
+                                                  iteration=iteration))
+        iteration += 1
+    return TrainResult(steps=rows, timing=timing, adapter_dir=trainer.save_adapter(out_dir)), sampled

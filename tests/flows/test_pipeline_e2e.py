@@ -144,3 +144,30 @@ def test_cli_run_resumes_at_the_failed_stage(tiny_model_dir, prefect_harness, tm
     assert "report:" in second.output and (rd / "analyze/report.md").is_file()
     bad = cli.invoke(app, ["run", "--config", str(cfg_path), "--from", "nowhere"])
     assert bad.exit_code == 2 and "not a stage" in bad.output
+
+
+def test_online_off_policy_training_stage_on_the_frozen_records(run, tiny_model_dir, tmp_path):
+    """The train stage in online mode: fresh rollouts from the current policy, staleness <= 1."""
+    from tasks.train.stage import run_train
+
+    cfg, rd, first = run
+    store = ArtifactStore(rd)
+    frozen, rollouts = first["freeze"]["outputs"], first["rollout"]["outputs"]
+    online_cfg = _cfg(tiny_model_dir, train={"steps": 3, "micro_batch_size": 8, "lr": 0.01, "mode": "online",
+                                             "max_staleness": 1}, rollout={"samples_per_task": 2})
+    out_store = ArtifactStore(tmp_path / "online")
+    for name in ("tasks", "harnesses", "records"):
+        out_store.write("freeze", name, store.read(frozen[name]))
+    for name in ("episodes", "turns"):
+        out_store.write("rollout", name, store.read(rollouts[name]))
+    inputs = {n: out_store.ref("freeze", n) for n in ("tasks", "harnesses", "records")}
+    inputs.update({n: out_store.ref("rollout", n) for n in ("episodes", "turns")})
+    outs = run_train(out_store, online_cfg, inputs)
+    steps = out_store.rows(outs["train_steps"])
+    assert [s["policy_version_sampled"] for s in steps] == [0, 0, 2]
+    assert [s["staleness"] for s in steps] == [0, 1, 0]
+    eps = out_store.rows(outs["online_episodes"])
+    assert len(eps) == 2 * 6 * 2 * 2  # 2 sampled batches x 6 train tasks x 2 harnesses x 2 samples
+    assert sorted({e["policy_version"] for e in eps}) == [0, 2]
+    test_hashes = {t["task_hash"] for t in store.rows(frozen["tasks"]) if t["split"] == "test"}
+    assert not {e["task_hash"] for e in eps} & test_hashes

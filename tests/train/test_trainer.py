@@ -104,3 +104,62 @@ def test_lora_rank_32_trains(tiny_model_dir, tmp_path):
 
     assert json.loads((tmp_path / "r32/adapter_config.json").read_text())["r"] == 32
     assert res.steps[0]["grad_norm"] > 0
+
+
+def _sampler(calls):
+    def sample(trainer, version, iteration):
+        calls.append((version, iteration))
+        seqs = _seqs(seed=iteration)
+        return seqs, {"version": version, "iteration": iteration}
+
+    return sample
+
+
+@pytest.mark.parametrize("staleness,versions,n_batches", [(0, [0, 1, 2, 3, 4], 5), (1, [0, 0, 2, 2, 4], 3),
+                                                           (3, [0, 0, 0, 0, 4], 2)])
+def test_online_mode_bounds_staleness_and_logs_it(tiny_model_dir, tmp_path, staleness, versions, n_batches):
+    from tasks.train.trainer import train_online
+
+    cfg = _cfg(tiny_model_dir, steps=5, mode="online", max_staleness=staleness)
+    calls = []
+    res, sampled = train_online(cfg, tiny_model_dir, _sampler(calls), tmp_path / "a", log=lambda m: None)
+    assert [r["policy_version_sampled"] for r in res.steps] == versions
+    assert [r["staleness"] for r in res.steps] == [s - v for s, v in zip(range(5), versions)]
+    assert max(r["staleness"] for r in res.steps) <= staleness
+    assert len(calls) == n_batches == len(sampled) and [c[0] for c in calls] == sorted(set(versions))
+
+
+def test_online_mode_resumes_with_the_next_batch(tiny_model_dir, tmp_path):
+    from tasks.train.trainer import train_online
+
+    cfg = _cfg(tiny_model_dir, steps=4, mode="online", max_staleness=1)
+    full, _ = train_online(cfg, tiny_model_dir, _sampler([]), tmp_path / "full", log=lambda m: None)
+    state = tmp_path / "s.pt"
+    calls = []
+
+    def dies_on_second_batch(trainer, version, iteration):
+        if iteration == 1:
+            raise KeyboardInterrupt("killed")
+        return _sampler(calls)(trainer, version, iteration)
+
+    with pytest.raises(KeyboardInterrupt):
+        train_online(cfg, tiny_model_dir, dies_on_second_batch, tmp_path / "x", log=lambda m: None,
+                     state_path=state, resume_key="k")
+    calls.clear()
+    resumed, sampled = train_online(cfg, tiny_model_dir, _sampler(calls), tmp_path / "r", log=lambda m: None,
+                                    state_path=state, resume_key="k")
+    assert calls == [(2, 1)] and len(sampled) == 2
+    assert [r["loss"] for r in resumed.steps] == [r["loss"] for r in full.steps]
+    assert sha256_dir(tmp_path / "r") == sha256_dir(tmp_path / "full")
+
+
+def test_online_config_rules():
+    from pydantic import ValidationError
+
+    base = {"name": "t", "suites": [{"name": "basic_arithmetic", "size": 2}], "harnesses": ["direct"]}
+    with pytest.raises(ValidationError, match="behaviour"):
+        RunConfig.model_validate({**base, "train": {"mode": "online", "old_logprobs": "recompute"}})
+    with pytest.raises(ValidationError, match="online. only"):
+        RunConfig.model_validate({**base, "train": {"max_staleness": 2}})
+    with pytest.raises(ValidationError, match="in-loss"):
+        RunConfig.model_validate({**base, "train": {"kl": {"importance_weighted": True, "placement": "reward"}}})
