@@ -233,12 +233,16 @@ class Trainer:
         def behaviour(i: int) -> Any:
             return torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
 
+        need_ref = kl_cfg.beta > 0  # with the KL off, the reference is never evaluated (kl is reported as NaN)
+
         def fill(indices: list[int]) -> None:
-            todo = [i for i in indices if i not in ref]
+            todo = [i for i in indices if i not in old]
             if not todo:
                 return
-            cur = self.passes(seqs, todo, "policy") if (old_from == "recompute" or ref_is_current) else {}
-            ref.update({i: cur[i] for i in todo} if ref_is_current else self.passes(seqs, todo, "reference"))
+            want_cur = old_from == "recompute" or (need_ref and ref_is_current)
+            cur = self.passes(seqs, todo, "policy") if want_cur else {}
+            if need_ref:
+                ref.update({i: cur[i] for i in todo} if ref_is_current else self.passes(seqs, todo, "reference"))
             old.update({i: cur[i] for i in todo} if old_from == "recompute" else {i: behaviour(i) for i in todo})
 
         if kl_in_reward and not (ref_is_current and old_from == "recompute"):
@@ -291,13 +295,14 @@ class Trainer:
         seen = 0.0
         for idx in b.batches:
             ids, attn, mask, _ = _pad(b.seqs, idx, self.pad_id)
-            old_lp, ref_lp = stack(b.old, idx, mask.shape[1]), stack(b.ref, idx, mask.shape[1])
+            old_lp = stack(b.old, idx, mask.shape[1])
+            ref_lp = stack(b.ref, idx, mask.shape[1]) if b.ref else None
             logp, ent = _logp(self.model, ids.to(self.device), attn.to(self.device), mask, b.seqs[idx[0]].sampling_key,
                               self.ac, with_entropy=True)
             pg, met = policy_loss(logp, old_lp, b.adv[idx], mask, level=self.level, clip_low=tc.clip_low,
                                   clip_high=tc.clip_high, agg=tc.agg, max_len=tc.max_len,
                                   num_tokens=b.num_tokens, num_seqs=b.num_seqs)
-            k = kl_estimate(logp, ref_lp, kl_cfg.estimator) * mask
+            k = kl_estimate(logp, ref_lp, kl_cfg.estimator) * mask if ref_lp is not None else None
             loss = pg
             if kl_in_loss:
                 k_loss = importance_weighted(k, logp, old_lp, mask) if kl_cfg.importance_weighted else k
@@ -308,7 +313,7 @@ class Trainer:
             seen += m_tokens
             tot["loss"] += float(loss.detach())
             tot["policy_loss"] += float(pg.detach())
-            tot["kl"] += float(k.detach().sum())
+            tot["kl"] += float(k.detach().sum()) if k is not None else float("nan")
             tot["entropy"] += float((ent * mask).sum())
             tot["clip_frac"] += met["clip_frac"] * m_tokens
         for key in ("kl", "entropy", "clip_frac"):  # token means over the sequences trained on
@@ -327,6 +332,22 @@ class Trainer:
         self.log(f"train step {self.version}/{tc.steps}: loss {tot['loss']:.4f} kl {tot['kl']:.5f} "
                  f"clip {tot['clip_frac']:.3f} grad {grad_norm:.3f} staleness {staleness} ({dt:.1f} s)")
         return row, {"step": self.version, "seconds": dt, "tokens_per_s": seen / dt if dt > 0 else 0.0}
+
+    def inference_model(self, dtype: str) -> Any:
+        """A plain copy of the current policy for sampling: the adapter merged into the weights
+        (W + s * B A), cast to ``dtype``, in eval mode. Sampling from it skips the LoRA detour
+        of every adapted layer; the trainer's own weights are not touched. (The "weight sync" of
+        an RL system, here within one process.)"""
+        import copy
+
+        import torch
+
+        merged = copy.deepcopy(self.model)
+        for n in [n for n in merged.peft_config if n != "default"]:
+            merged.delete_adapter(n)
+        merged.set_adapter("default")
+        plain = merged.merge_and_unload()
+        return plain.to(getattr(torch, dtype)).eval()
 
     # ---- state ----------------------------------------------------------------------------------
     def state(self, **extra: Any) -> dict[str, Any]:

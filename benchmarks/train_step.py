@@ -1,0 +1,242 @@
+"""One GRPO iteration with our trainer and with TRL's GRPOTrainer, side by side.
+
+An iteration = sample 16 prompts x 8 completions x up to 64 tokens, score them, one optimizer
+step on a LoRA adapter (r 16, all linear layers), KL off (beta 0), DAPO-style token-mean loss.
+Both sides use the same tiny model (4 layers, hidden 256, vocabulary 1024, built here), the same
+prompts, the same reward function (distinct characters / length of the completion text), the same
+sampler settings and learning rate. Each side runs in its own process so that peak RSS is its
+own; the first iteration of each is a warm-up and is not timed.
+
+Also: the two losses on one identical batch (same weights, same tokens, same advantages, old
+log-probs = current) for token-mean and sequence-mean aggregation; they must agree.
+With ``--smollm2``: seconds per iteration and peak RSS of our trainer on SmolLM2-135M in bf16.
+
+TRL is installed only for this benchmark, in ``.venv-bench`` layered over ``.venv``::
+
+    python3 -m venv .venv-bench
+    echo "import site; site.addsitedir('$(.venv/bin/python -c 'import site; print(site.getsitepackages()[0])')')" \\
+        > "$(.venv-bench/bin/python -c 'import site; print(site.getsitepackages()[0])')/harnessrl-main-venv.pth"
+    .venv-bench/bin/pip install --no-deps trl==1.16.0 && .venv-bench/bin/pip install datasets==5.2.0
+    .venv-bench/bin/python benchmarks/train_step.py [--iters 3] [--smollm2]
+
+Prints the figures and appends one JSON row to ``benchmarks/results/train_step.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+N_PROMPTS, GROUP, MAX_NEW, LR, RANK = 16, 8, 64, 1e-5, 16
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def reward_of(text: str) -> float:
+    return len(set(text)) / max(len(text), 1)
+
+
+def prompts_for(tokenizer) -> list[str]:
+    import reasoning_gym
+
+    qs = [e["question"] for e in reasoning_gym.create_dataset("basic_arithmetic", size=N_PROMPTS, seed=0)]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            for q in qs]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------------------------------------
+def side_ours(model_dir: str, iters: int, autocast: str) -> dict:
+    import torch
+
+    from tasks.config import RunConfig
+    from tasks.harnesses.spec import SamplingSpec
+    from tasks.rollout.policy import HFPolicy
+    from tasks.train.sequences import TrainSequence
+    from tasks.train.trainer import Trainer
+
+    torch.set_num_threads(os.cpu_count() or 2)
+    cfg = RunConfig.model_validate({
+        "name": "bench", "suites": [{"name": "basic_arithmetic", "size": 1}], "harnesses": ["direct"],
+        "policy": {"model": model_dir, "batch_size": N_PROMPTS * GROUP, "autocast_dtype": autocast},
+        "train": {"mode": "online", "steps": iters, "lr": LR, "micro_batch_size": 32, "clip_low": 0.2, "clip_high": 0.2,
+                  "agg": "token_mean", "kl": {"beta": 0.0}, "lora": {"r": RANK, "alpha": 2 * RANK, "target_modules": TARGETS}},
+    })
+    trainer = Trainer(cfg, Path(model_dir), log=lambda m: None)
+    tok = trainer.tokenizer
+    prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts_for(tok)]
+    sampling = SamplingSpec(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW)
+    times, tokens = [], []
+    for it in range(iters):
+        t0 = time.perf_counter()
+        # sample from the merged policy in the run's precision (fp32 for the TRL comparison, which samples in fp32)
+        policy = HFPolicy.from_model(trainer.inference_model(autocast), tok, cfg.policy, policy_id="bench")
+        batch_prompts = [p for p in prompt_ids for _ in range(GROUP)]
+        gens = policy.generate(batch_prompts, sampling, seed=1000 + it)
+        seqs = [TrainSequence(episode_id=f"{it}-{i}", ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids),
+                              behaviour_logp=[0.0] * len(p) + g.logprobs, reward=reward_of(g.text),
+                              task_id=f"q{i // GROUP}", task_hash=f"q{i // GROUP}", harness_id="h",
+                              sampling_key=(1.0, 0, 1.0))
+                for i, (p, g) in enumerate(zip(batch_prompts, gens))]
+        batch = trainer.prepare(seqs, old_from="sampler", version=trainer.version)
+        trainer.step(batch)
+        times.append(time.perf_counter() - t0)
+        tokens.append(sum(len(g.token_ids) for g in gens))
+    return {"seconds": times, "completion_tokens": tokens, "peak_rss_mb": peak_rss_mb()}
+
+
+def side_trl(model_dir: str, iters: int, autocast: str) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(os.cpu_count() or 2)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    ds = Dataset.from_dict({"prompt": prompts_for(tok) * iters})
+    times: list[float] = []
+    tokens: list[int] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+
+    def reward(prompts, completions, completion_ids=None, **kw):
+        if completion_ids is not None and len(tokens) < len(times) + 1:
+            tokens.append(sum(len(c) for c in completion_ids))
+        return [reward_of(c) for c in completions]
+
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=32, gradient_accumulation_steps=4, num_generations=GROUP,
+            max_completion_length=MAX_NEW, temperature=1.0, top_k=0, top_p=1.0, learning_rate=LR, beta=0.0,
+            loss_type="dapo", epsilon=0.2, max_steps=iters, logging_steps=1, report_to="none", use_cpu=True,
+            bf16=autocast == "bfloat16", save_strategy="no", seed=0, shuffle_dataset=False, num_iterations=1,
+            disable_tqdm=True, gradient_checkpointing=False,  # TRL's GRPOConfig defaults it on; ours does not use it
+        )
+        trainer = GRPOTrainer(model=model_dir, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
+                              peft_config=LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=TARGETS),
+                              callbacks=[Timer()])
+        trainer.train()
+    return {"seconds": times, "completion_tokens": tokens, "peak_rss_mb": peak_rss_mb()}
+
+
+def side_loss(model_dir: str) -> dict:
+    """Both losses on one batch: same weights (LoRA B = 0), tokens, advantages."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tasks.train.logprobs import token_logprobs
+    from tasks.train.losses import policy_loss
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    B, P, C = 8, 12, 20
+    prompt_ids = torch.randint(10, 1000, (B, P))
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    prompt_mask[0, :3] = 0  # left padding on one row
+    completion_ids = torch.randint(10, 1000, (B, C))
+    completion_mask = torch.ones(B, C, dtype=torch.long)
+    completion_mask[1, 15:] = 0  # a shorter completion
+    completion_mask[2, 5:] = 0
+    adv = torch.randn(B)
+    out = {}
+    for loss_type, agg in (("bnpo", "token_mean"), ("grpo", "seq_mean_token_mean")):
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                               LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=TARGETS))
+        with tempfile.TemporaryDirectory() as d:
+            args = GRPOConfig(output_dir=d, per_device_train_batch_size=B, num_generations=B, beta=0.0,
+                              loss_type=loss_type, report_to="none", use_cpu=True, max_completion_length=C)
+            tr = GRPOTrainer(model=model, reward_funcs=[lambda completions, **k: [0.0] * len(completions)], args=args,
+                             train_dataset=Dataset.from_dict({"prompt": ["x"] * B}), processing_class=tok)
+            tr.current_gradient_accumulation_steps = 1
+            tr.model.eval()
+            inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                      "completion_mask": completion_mask, "advantages": adv,
+                      "num_items_in_batch": completion_mask.sum()}
+            with torch.no_grad():
+                trl_loss = float(tr._compute_loss(tr.model, inputs))
+                ids = torch.cat([prompt_ids, completion_ids], 1)
+                attn = torch.cat([prompt_mask, completion_mask], 1)
+                pos = (attn.cumsum(-1) - 1).clamp_min(0)
+                logits = tr.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1:-1]
+                logp = token_logprobs(logits, completion_ids)
+                ours, _ = policy_loss(logp, logp, adv, completion_mask.float(), agg=agg)
+        out[agg] = {"trl": trl_loss, "ours": float(ours)}
+    return out
+
+
+def run_side(side: str, model_dir: str, iters: int, autocast: str) -> dict:
+    res = subprocess.run([sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--iters", str(iters),
+                          "--autocast", autocast], capture_output=True, text=True, env={**os.environ,
+                          "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"})
+    if res.returncode != 0:
+        raise RuntimeError(f"side {side} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--side", choices=["ours", "trl", "loss"])
+    ap.add_argument("--model-dir")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--autocast", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--smollm2", action="store_true", help="also time our trainer on SmolLM2-135M (bf16)")
+    a = ap.parse_args()
+    if a.side:
+        fn = {"ours": lambda: side_ours(a.model_dir, a.iters, a.autocast),
+              "trl": lambda: side_trl(a.model_dir, a.iters, a.autocast), "loss": lambda: side_loss(a.model_dir)}[a.side]
+        print(json.dumps(fn()))
+        return
+    from tasks.rollout.models import build_tiny_model, resolve_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(build_tiny_model(Path(tmp) / "tiny", seed=0, layers=4, hidden=256, vocab=1024))
+        ours = run_side("ours", model_dir, a.iters + 1, a.autocast)
+        trl = run_side("trl", model_dir, a.iters + 1, a.autocast)
+        loss = run_side("loss", model_dir, 1, a.autocast)
+    samples = N_PROMPTS * GROUP
+    row = {"benchmark": "train_step", "python": platform.python_version(), "iters_timed": a.iters,
+           "autocast": a.autocast, "model": "tiny-4x256-v1024", "prompts": N_PROMPTS, "group": GROUP,
+           "max_new_tokens": MAX_NEW, "lora_rank": RANK}
+    for name, r in (("ours", ours), ("trl", trl)):
+        secs = r["seconds"][1:]  # the first iteration is a warm-up
+        row[f"{name}_s_per_iter"] = round(sum(secs) / len(secs), 3)
+        row[f"{name}_samples_per_s"] = round(samples / row[f"{name}_s_per_iter"], 2)
+        row[f"{name}_peak_rss_mb"] = round(r["peak_rss_mb"])
+        row[f"{name}_completion_tokens"] = r["completion_tokens"][1:]
+    row["throughput_ratio_ours_over_trl"] = round(row["ours_samples_per_s"] / row["trl_samples_per_s"], 2)
+    row["loss_same_batch"] = loss
+    row["losses_agree"] = all(abs(v["trl"] - v["ours"]) <= 1e-5 * (1 + abs(v["trl"])) for v in loss.values())
+    if a.smollm2:
+        sm = run_side("ours", str(resolve_model("smollm2-135m-instruct")), 2, "bfloat16")
+        row["smollm2_bf16_s_per_iter"] = round(sm["seconds"][1], 2)
+        row["smollm2_bf16_peak_rss_mb"] = round(sm["peak_rss_mb"])
+    for k, v in row.items():
+        print(f"{k:>34}: {v}")
+    out = Path(__file__).parent / "results" / "train_step.jsonl"
+    out.parent.mkdir(exist_ok=True)
+    with out.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
