@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import platform
 import tempfile
 import time
 from pathlib import Path
+
+from _results import report
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -67,12 +68,7 @@ def main() -> None:
         "read_overhead_ratio": round(best["store_read"] / best["bare_read"], 2),
         "store_write_rows_per_s": round(args.rows / best["store_write"]),
     }
-    for k, v in row.items():
-        print(f"{k:>24}: {v}")
-    out = Path(__file__).parent / "results" / "artifact_store.jsonl"
-    out.parent.mkdir(exist_ok=True)
-    with out.open("a") as f:
-        f.write(json.dumps(row) + "\n")
+    report("artifact_store", row)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import report
+
 N_PROMPTS, GROUP, MAX_NEW, LR, RANK = 16, 8, 64, 1e-5, 16
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -230,12 +232,7 @@ def main() -> None:
         sm = run_side("ours", str(resolve_model("smollm2-135m-instruct")), 2, "bfloat16")
         row["smollm2_bf16_s_per_iter"] = round(sm["seconds"][1], 2)
         row["smollm2_bf16_peak_rss_mb"] = round(sm["peak_rss_mb"])
-    for k, v in row.items():
-        print(f"{k:>34}: {v}")
-    out = Path(__file__).parent / "results" / "train_step.jsonl"
-    out.parent.mkdir(exist_ok=True)
-    with out.open("a") as f:
-        f.write(json.dumps(row) + "\n")
+    report("train_step", row)
 
 
 if __name__ == "__main__":

@@ -46,17 +46,17 @@ def stage_cache_key(stage: str, parameters: dict[str, Any]) -> str:
 def stage_task(stage: str, fn: StageFn) -> Any:
     """A cached Prefect task running ``fn`` over the run's artifact store."""
 
-    def run_stage(run_dir: str, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
+    def stage_body(run_dir: str, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
         return fn(ArtifactStore(run_dir), cfg, inputs)
 
     def key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
         return stage_cache_key(stage, parameters)
 
-    return task(run_stage, name=stage, cache_key_fn=key, persist_result=True, log_prints=True)
+    return task(stage_body, name=stage, cache_key_fn=key, persist_result=True, log_prints=True)
 
 
-def run_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str, ArtifactRef],
-              force: bool) -> tuple[dict[str, ArtifactRef], str]:
+def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str, ArtifactRef],
+               force: bool) -> tuple[dict[str, ArtifactRef], str]:
     """Call a stage task with the run's result storage; returns (outputs, Prefect state name).
 
     ``force`` refreshes the cache (the stage runs even when a cached result exists).

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.common import run_stage, stage_task
+from flows.common import call_stage, stage_task
 from schemas import ArtifactRef
 from tasks.analysis.stage import run_analyze
 from tasks.config import RunConfig
@@ -26,7 +26,7 @@ analyze_task = stage_task("analyze", run_analyze)
 def _timed(stage: str, task: Any, run_dir: str, cfg: RunConfig, inputs: dict[str, ArtifactRef],
            force: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
-    outputs, state = run_stage(task, run_dir, cfg, inputs, force)
+    outputs, state = call_stage(task, run_dir, cfg, inputs, force)
     seconds = time.perf_counter() - t0
     get_run_logger().info("%s: %s in %.1f s -> %s", stage, state, seconds,
                           ", ".join(f"{k} ({v.rows} rows, {v.sha256[:12]})" for k, v in outputs.items()))

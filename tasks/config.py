@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.hashing import sha256_json
+from tasks.yamlfile import describe, load_mapping
 
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
 
@@ -241,12 +241,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
+    data = load_mapping(p, ConfigError)
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
@@ -256,10 +251,4 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            key = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            value = err.get("input")
-            shown = repr(value) if not isinstance(value, dict) else "{...}"
-            lines.append(f"{p}: key {key!r} = {shown[:200]}: {err['msg']}")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(describe(p, e)) from None

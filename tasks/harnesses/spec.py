@@ -12,10 +12,10 @@ import string
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.hashing import canonical_json, sha256_json
+from tasks.yamlfile import describe, load_mapping
 
 SPEC_DIR = Path(__file__).parent / "specs"
 
@@ -148,17 +148,8 @@ def load_harness(name_or_path: str | Path) -> HarnessSpec:
     if not p.is_file():
         known = sorted(x.stem for x in SPEC_DIR.glob("*.yaml"))
         raise HarnessError(f"harness {str(name_or_path)!r}: no file {p}; shipped harnesses: {known}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise HarnessError(f"{p}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise HarnessError(f"{p}: top level must be a mapping")
+    data = load_mapping(p, HarnessError)
     try:
         return HarnessSpec.model_validate(data)
     except ValidationError as e:
-        msgs = []
-        for err in e.errors():
-            key = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            msgs.append(f"{p}: key {key!r} = {str(err.get('input'))[:120]!r}: {err['msg']}")
-        raise HarnessError("\n".join(msgs)) from None
+        raise HarnessError(describe(p, e)) from None

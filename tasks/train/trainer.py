@@ -1,4 +1,4 @@
-"""The trainer: GRPO / GSPO on a LoRA adapter (transformers + peft), over frozen rollouts.
+"""The trainer: GRPO / GSPO on a LoRA adapter (transformers + peft), over frozen rollouts or online.
 
 One loop, with every choice pushed into the pure functions of ``advantages``, ``kl``, ``losses``
 and ``logprobs`` and the validated :class:`tasks.config.TrainConfig`:

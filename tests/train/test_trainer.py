@@ -1,7 +1,6 @@
 """The trainer on the tiny model: resume after a kill, starting adapters and the reference,
 micro-batch invariance, GSPO variants, and the masks."""
 
-import shutil
 
 import pytest
 import torch

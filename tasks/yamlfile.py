@@ -1,0 +1,36 @@
+"""Reading a YAML mapping and reporting pydantic validation errors, for every config-like file
+(run configs, harness specs): one message per problem, naming the file, the key and the value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+
+def load_mapping(path: Path, error: type[Exception]) -> dict[str, Any]:
+    """The top-level mapping of a YAML file.
+
+    Raises:
+        error: the file is not valid YAML or its top level is not a mapping.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise error(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def describe(path: Path, exc: ValidationError) -> str:
+    """One line per validation error: ``FILE: key 'a.b' = VALUE: message``."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        value = err.get("input")
+        shown = "{...}" if isinstance(value, dict) else repr(value)
+        lines.append(f"{path}: key {key!r} = {shown[:200]}: {err['msg']}")
+    return "\n".join(lines)
