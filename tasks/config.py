@@ -120,6 +120,8 @@ class TrainConfig(_Strict):
     ``reference``: ``initial`` = the starting policy, kept frozen (the base model for a fresh
     adapter, the starting adapter otherwise); ``base`` = the base model with the adapter disabled.
     ``checkpoint_every``: steps between resumable training states (adapter, optimizer, RNG, step).
+    ``share_prompt``: run each distinct first prompt once per micro-batch and share its keys and
+    values among the group's samples (same values and gradients, less compute).
     ``mode``: ``frozen`` = ``steps`` optimizer steps over the rollout stage's episodes (old
     log-probs recomputed by default); ``online`` = the trainer samples fresh rollouts with its
     current policy and uses each batch for up to ``max_staleness + 1`` steps (off-policy when
@@ -144,6 +146,7 @@ class TrainConfig(_Strict):
     reference: Literal["initial", "base"] = "initial"
     init_adapter: str | None = None
     checkpoint_every: int = Field(default=1, ge=1)
+    share_prompt: bool = True
     kl: KLConfig = Field(default_factory=KLConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
 

@@ -43,15 +43,21 @@ class TrainResult:
 
 
 def _batches(seqs: list[TrainSequence], micro: int) -> list[list[int]]:
-    """Micro-batches of sequence indices: one sampling setting per micro-batch, sequences sorted by
-    length so that little padding is computed (the accumulated gradient does not depend on how
-    sequences are grouped, since every micro-batch uses the global denominators)."""
+    """Micro-batches of sequence indices: one sampling setting per micro-batch, the samples of one
+    prompt together, groups ordered by length so that little padding is computed (the accumulated
+    gradient does not depend on how sequences are grouped: every micro-batch uses the global
+    denominators)."""
     by_key: dict[tuple[float, int, float], list[int]] = {}
     for i, s in enumerate(seqs):
         by_key.setdefault(s.sampling_key, []).append(i)
     out = []
     for key in sorted(by_key):
-        idx = sorted(by_key[key], key=lambda i: (len(seqs[i].ids), i))
+        # samples of one prompt side by side (their prompt is then computed once), then by length
+        first = {}
+        for i in by_key[key]:
+            first.setdefault(tuple(seqs[i].ids[: prefix_len(seqs[i])]), len(seqs[i].ids))
+        idx = sorted(by_key[key], key=lambda i: (first[tuple(seqs[i].ids[: prefix_len(seqs[i])])],
+                                                 tuple(seqs[i].ids[: prefix_len(seqs[i])]), len(seqs[i].ids), i))
         out += [idx[j:j + micro] for j in range(0, len(idx), micro)]
     return out
 
@@ -75,13 +81,64 @@ def _pad(seqs: list[TrainSequence], idx: list[int], pad_id: int) -> tuple[Any, A
     return ids, attn, mask[:, 1:], blogp[:, 1:]
 
 
+def prefix_len(s: TrainSequence) -> int:
+    """Length of a sequence's first prompt: the tokens before its first policy token."""
+    return s.mask.index(1) if 1 in s.mask else len(s.ids)
+
+
+def _hidden_shared_prefix(decoder: Any, ids: Any, attn: Any, sel: Any, prefix_lens: list[int], pad_id: int) -> Any:
+    """Final hidden states ``[N, H]`` at the selected target positions, computing each distinct
+    first prompt once: the G samples of a GRPO group share their prompt, so its keys and values
+    are computed for one row and gathered for the others (the gather is differentiable, so the
+    gradient through the prompt is the same as without sharing). Prompts are left-padded,
+    completions right-padded; position ids are the true positions.
+    """
+    import torch
+
+    n = ids.shape[0]
+    lengths = attn.sum(-1).tolist()
+    uniq: dict[tuple[int, ...], int] = {}
+    j_idx = [uniq.setdefault(tuple(ids[r, : prefix_lens[r]].tolist()), len(uniq)) for r in range(n)]
+    prompts = list(uniq)
+    width = max(len(p) for p in prompts)
+    p_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    p_attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for j, p in enumerate(prompts):
+        p_ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        p_attn[j, width - len(p):] = 1
+    dev = ids.device
+    p_ids, p_attn = p_ids.to(dev), p_attn.to(dev)
+    out_p = decoder(input_ids=p_ids, attention_mask=p_attn, position_ids=(p_attn.cumsum(-1) - 1).clamp_min(0),
+                    use_cache=True)
+    j = torch.tensor(j_idx, device=dev)
+    cache = out_p.past_key_values
+    cache.batch_select_indices(j)
+    f = torch.tensor(prefix_lens, device=dev)
+    s_len = max(1, max(L - fr for L, fr in zip(lengths, prefix_lens)))
+    s_ids = torch.full((n, s_len), pad_id, dtype=torch.long, device=dev)
+    s_attn = torch.zeros((n, s_len), dtype=torch.long, device=dev)
+    for r in range(n):
+        k = lengths[r] - prefix_lens[r]
+        s_ids[r, :k] = ids[r, prefix_lens[r]: lengths[r]]
+        s_attn[r, :k] = 1
+    out_s = decoder(input_ids=s_ids, attention_mask=torch.cat([p_attn[j], s_attn], 1),
+                    position_ids=f[:, None] + torch.arange(s_len, device=dev)[None], past_key_values=cache,
+                    use_cache=True)
+    # hid[:, u] is the hidden state at full position prefix_len - 1 + u
+    hid = torch.cat([out_p.last_hidden_state[:, -1][j][:, None], out_s.last_hidden_state], 1)
+    rows, qs = sel.nonzero(as_tuple=True)
+    return hid[rows.to(dev), (qs.to(dev) - (f[rows.to(dev)] - 1))]
+
+
 def _logp(model: Any, ids: Any, attn: Any, mask: Any, key: tuple[float, int, float],
-          autocast_ctx: Callable[[], Any], with_entropy: bool = False) -> tuple[Any, Any]:
+          autocast_ctx: Callable[[], Any], with_entropy: bool = False, *, prefix_lens: list[int] | None = None,
+          pad_id: int = 0) -> tuple[Any, Any]:
     """``[B, T-1]`` log-probs of ``ids[:, 1:]`` (and entropies), computed only where ``mask`` is 1.
 
     The output projection (hidden -> vocabulary) and the sampler's logit processing run only at
     the masked positions: prompt, observation and padding positions never need logits, and on
-    multi-turn episodes they are most of the sequence. Zero elsewhere.
+    multi-turn episodes they are most of the sequence. With ``prefix_lens`` each distinct first
+    prompt is run once (:func:`_hidden_shared_prefix`). Zero elsewhere.
     """
     import torch
 
@@ -91,8 +148,12 @@ def _logp(model: Any, ids: Any, attn: Any, mask: Any, key: tuple[float, int, flo
     sel = mask.bool()  # [B, T-1]
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     with autocast_ctx():
-        hidden = inner.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # [B, T-1, H]
-        logits = inner.get_output_embeddings()(hidden[sel.to(hidden.device)])  # [N, V]
+        if prefix_lens is None:
+            hidden = inner.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # [B, T-1, H]
+            hidden = hidden[sel.to(hidden.device)]
+        else:
+            hidden = _hidden_shared_prefix(inner.get_decoder(), ids, attn, sel, prefix_lens, pad_id)
+        logits = inner.get_output_embeddings()(hidden)  # [N, V]
     targets = ids[:, 1:][sel.to(ids.device)]
     lp = token_logprobs(logits, targets, temperature=temperature, top_k=top_k or None,
                        top_p=top_p if top_p < 1.0 else None).cpu()
@@ -176,6 +237,15 @@ class Trainer:
         self.level = {"grpo": "token", "gspo": "sequence", "gspo_token": "sequence_token"}[tc.algorithm]
 
     # ---- log-prob passes -------------------------------------------------------------------
+    def _prefix_kw(self, seqs: list[TrainSequence], idx: list[int]) -> dict[str, Any]:
+        """Shared-prompt computation when enabled and it saves work (some prompt repeats)."""
+        if not self.tc.share_prompt:
+            return {}
+        firsts = [tuple(seqs[i].ids[: prefix_len(seqs[i])]) for i in idx]
+        if len(set(firsts)) == len(firsts) or min(len(f) for f in firsts) == 0:
+            return {}
+        return {"prefix_lens": [len(f) for f in firsts], "pad_id": self.pad_id}
+
     def passes(self, seqs: list[TrainSequence], indices: list[int], which: str) -> dict[int, Any]:
         """No-grad log-probs per sequence (1-D, masked) under ``which``: ``policy`` (the current
         adapter) or ``reference``."""
@@ -187,15 +257,16 @@ class Trainer:
                 idx = [indices[j] for j in idx]
                 ids, attn, mask, _ = _pad(seqs, idx, self.pad_id)
                 args = (ids.to(self.device), attn.to(self.device), mask, seqs[idx[0]].sampling_key, self.ac)
+                kw = self._prefix_kw(seqs, idx)
                 if which == "policy":
-                    lp = _logp(self.model, *args)[0]
+                    lp = _logp(self.model, *args, **kw)[0]
                 elif self.ref_mode == "base":
                     with self.model.disable_adapter():
-                        lp = _logp(self.model, *args)[0]
+                        lp = _logp(self.model, *args, **kw)[0]
                 else:
                     self.model.set_adapter("reference")
                     try:
-                        lp = _logp(self.model, *args)[0]
+                        lp = _logp(self.model, *args, **kw)[0]
                     finally:
                         self.model.set_adapter("default")
                         for n, p in self.model.named_parameters():
@@ -298,7 +369,7 @@ class Trainer:
             old_lp = stack(b.old, idx, mask.shape[1])
             ref_lp = stack(b.ref, idx, mask.shape[1]) if b.ref else None
             logp, ent = _logp(self.model, ids.to(self.device), attn.to(self.device), mask, b.seqs[idx[0]].sampling_key,
-                              self.ac, with_entropy=True)
+                              self.ac, with_entropy=True, **self._prefix_kw(b.seqs, idx))
             pg, met = policy_loss(logp, old_lp, b.adv[idx], mask, level=self.level, clip_low=tc.clip_low,
                                   clip_high=tc.clip_high, agg=tc.agg, max_len=tc.max_len,
                                   num_tokens=b.num_tokens, num_seqs=b.num_seqs)

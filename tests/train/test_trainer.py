@@ -162,3 +162,36 @@ def test_online_config_rules():
         RunConfig.model_validate({**base, "train": {"max_staleness": 2}})
     with pytest.raises(ValidationError, match="in-loss"):
         RunConfig.model_validate({**base, "train": {"kl": {"importance_weighted": True, "placement": "reward"}}})
+
+
+def test_shared_prompt_gives_the_same_logprobs_and_gradients(tiny_model_dir):
+    from tasks.train.trainer import Trainer, _logp, _pad, prefix_len
+
+    cfg = _cfg(tiny_model_dir)
+    cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"autocast_dtype": "float32"})})
+    tr = Trainer(cfg, tiny_model_dir, log=lambda m: None)  # fp32: the two layouts must agree to rounding
+    g = torch.Generator().manual_seed(3)
+    seqs = []
+    for p in range(3):  # 3 prompts of different lengths x 3 samples of different lengths, multi-turn masks
+        prompt = torch.randint(5, 500, (5 + 2 * p,), generator=g).tolist()
+        for k in range(3):
+            comp = torch.randint(5, 500, (3 + 2 * k,), generator=g).tolist()
+            obs = torch.randint(5, 500, (2,), generator=g).tolist()
+            ids = prompt + comp + obs + comp[:2]
+            mask = [0] * len(prompt) + [1] * len(comp) + [0, 0] + [1, 1]
+            seqs.append(TrainSequence(f"{p}{k}", ids, mask, [0.0] * len(ids), 0.0, "t", "h", "H", (0.9, 0, 1.0)))
+    idx = list(range(len(seqs)))
+    ids, attn, mask, _ = _pad(seqs, idx, tr.pad_id)
+
+    def run(shared):
+        tr.model.zero_grad()
+        kw = {"prefix_lens": [prefix_len(seqs[i]) for i in idx], "pad_id": tr.pad_id} if shared else {}
+        lp, ent = _logp(tr.model, ids, attn, mask, (0.9, 0, 1.0), tr.ac, with_entropy=True, **kw)
+        lp.sum().backward()
+        return lp.detach(), ent, [p.grad.clone() for p in tr.params]
+
+    lp0, e0, g0 = run(False)
+    lp1, e1, g1 = run(True)
+    assert (lp0 != 0).sum() == mask.sum()
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1))
