@@ -119,9 +119,13 @@ class HFPolicy:
         finally:
             self.model.train(was_training)
         seqs = res.sequences[:, width:].cpu()
-        # scores[t]: [B, V] processed logits the token at step t was drawn from
-        scores = torch.stack(res.scores, dim=1).float().cpu()  # [B, T, V]
-        logp_all = torch.log_softmax(scores, dim=-1).gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
+        # scores[t]: [B, V] processed logits the token at step t was drawn from; one step at a time,
+        # so no [B, T, V] copy is ever made (49k-token vocabularies make that gigabytes)
+        logp_all = torch.stack([
+            torch.log_softmax(sc.float(), dim=-1).gather(-1, seqs[:, t:t + 1].to(sc.device)).squeeze(-1).cpu()
+            for t, sc in enumerate(res.scores)
+        ], dim=1)  # [B, T]
+        del res
         gens = []
         for i in range(len(prompts)):
             toks, lps, finish = trim_completion(seqs[i].tolist(), logp_all[i].tolist(), self.eos_id)
