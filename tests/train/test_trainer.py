@@ -64,9 +64,11 @@ def test_starting_adapter_as_reference_has_zero_kl_at_step_one(tiny_model_dir, t
 
 
 @pytest.mark.parametrize("algorithm,agg", [("grpo", "token_mean"), ("grpo", "seq_mean_token_mean"),
-                                           ("gspo", "seq_mean_token_mean"), ("gspo_token", "seq_mean_token_mean")])
+                                           ("grpo", "seq_mean_token_sum_norm"), ("gspo", "seq_mean_token_mean"),
+                                           ("gspo_token", "seq_mean_token_mean")])
 def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, tmp_path, algorithm, agg):
-    kw = dict(steps=1, algorithm=algorithm, agg=agg, kl={"estimator": "k2", "placement": "loss", "beta": 0.2})
+    kw = dict(steps=1, algorithm=algorithm, agg=agg, kl={"estimator": "k2", "placement": "loss", "beta": 0.2},
+              max_len=16 if agg == "seq_mean_token_sum_norm" else None)
     one = train(_cfg(tiny_model_dir, micro_batch_size=6, **kw), tiny_model_dir, _seqs(), tmp_path / "one", log=lambda m: None)
     many = train(_cfg(tiny_model_dir, micro_batch_size=1, **kw), tiny_model_dir, _seqs(), tmp_path / "many",
                  log=lambda m: None)
