@@ -207,8 +207,26 @@ class RunConfig(_Strict):
             raise ValueError(f"harnesses has duplicates: {v}")
         return v
 
+    @field_validator("harnesses")
+    @classmethod
+    def _harnesses_load(cls, v: list[str]) -> list[str]:
+        from tasks.harnesses.spec import HarnessError, load_harness
+
+        for name in v:
+            try:
+                load_harness(name)
+            except HarnessError as e:
+                raise ValueError(str(e)) from None
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
+        from tasks.rollout.models import PACKAGED
+
+        m = self.policy.model
+        if m not in PACKAGED and not (Path(m) / "config.json").is_file():
+            raise ValueError(f"policy.model={m!r} is neither a packaged model {sorted(PACKAGED)} nor a folder with a "
+                             "config.json")
         if self.analyze.ceiling_k > self.evaluate.attempts:
             raise ValueError(
                 f"analyze.ceiling_k={self.analyze.ceiling_k} exceeds evaluate.attempts={self.evaluate.attempts}: "

@@ -44,3 +44,14 @@ def test_bad_configs_name_file_key_and_value(tmp_path, text, needle):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_unknown_harness_and_missing_model_are_refused_at_load(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: x\nsuites: [{name: a, size: 2}]\nharnesses: [direct, nope]\n")
+    with pytest.raises(ConfigError, match="harness 'nope'.*shipped harnesses") as e:
+        load_config(p)
+    assert "key 'harnesses'" in str(e.value)
+    p.write_text(f"name: x\nsuites: [{{name: a, size: 2}}]\nharnesses: [direct]\npolicy: {{model: {tmp_path / 'none'}}}\n")
+    with pytest.raises(ConfigError, match="policy.model=.*none.*config.json"):
+        load_config(p)
