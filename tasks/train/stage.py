@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     task hash against the frozen ``tasks`` artifact, not by the episode's own split label)."""
     from tasks.rollout.models import model_id, resolve_model
     from tasks.train.sequences import build_sequences
-    from tasks.train.trainer import train, train_online
+    from tasks.train.trainer import normalize_adapter_config, train, train_online
 
     test_hashes = {t["task_hash"]: t["task_id"] for t in store.rows(inputs["tasks"]) if t["split"] == "test"}
     episodes = store.rows(inputs["episodes"])
@@ -52,10 +51,7 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
             result, online = train_online(cfg, model_dir, sample, Path(tmp) / "adapter", log=log.info,
                                           state_path=state, resume_key=resume_key)
         # adapter_config.json records the absolute base-model path; keep the folder machine-independent
-        conf = result.adapter_dir / "adapter_config.json"
-        c = json.loads(conf.read_text())
-        c["base_model_name_or_path"] = base_id
-        conf.write_text(json.dumps(c, indent=2, sort_keys=True))
+        normalize_adapter_config(result.adapter_dir, base_model_id=base_id)
         sha = sha256_dir(result.adapter_dir)
         rel = f"train/checkpoints/step-{cfg.train.steps}"
         store.put_dir(rel, result.adapter_dir)

@@ -438,9 +438,29 @@ class Trainer:
         self.version = st["version"]
 
     def save_adapter(self, out_dir: Path) -> Path:
+        """Save the trained adapter with a byte-stable ``adapter_config.json`` (see
+        :func:`normalize_adapter_config`)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out_dir, selected_adapters=["default"])
+        normalize_adapter_config(out_dir)
         return out_dir
+
+
+def normalize_adapter_config(adapter_dir: Path, base_model_id: str | None = None) -> None:
+    """Make ``adapter_config.json`` byte-stable: peft writes ``target_modules`` from a Python set,
+    whose order changes from process to process (string hash randomisation), so the same weights
+    would hash differently. Lists of strings are sorted, keys sorted; ``base_model_id``, when
+    given, replaces the machine-specific base-model path."""
+    import json
+
+    path = adapter_dir / "adapter_config.json"
+    conf = json.loads(path.read_text())
+    for k, v in conf.items():
+        if isinstance(v, list) and all(isinstance(x, str) for x in v):
+            conf[k] = sorted(v)
+    if base_model_id is not None:
+        conf["base_model_name_or_path"] = base_model_id
+    path.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
 
 
 def _resume(state_path: Path | None, resume_key: str, log: Callable[[str], None]) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """The trainer on the tiny model: resume after a kill, starting adapters and the reference,
 micro-batch invariance, GSPO variants, and the masks."""
 
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,3 +198,22 @@ def test_shared_prompt_gives_the_same_logprobs_and_gradients(tiny_model_dir):
     assert (lp0 != 0).sum() == mask.sum()
     assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1))
+
+
+def test_saved_adapter_config_is_byte_stable_across_processes(tiny_model_dir, tmp_path):
+    """peft writes target_modules from a set; under different hash seeds the file must not change."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from tests.train.test_trainer import _cfg, _seqs;"
+            "from tasks.train.trainer import train;"
+            "train(_cfg(Path(sys.argv[1]), steps=1), Path(sys.argv[1]), _seqs(), Path(sys.argv[2]), log=lambda m: None)")
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"a{seed}"
+        subprocess.run([sys.executable, "-c", code, str(tiny_model_dir), str(out)], check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, cwd=Path(__file__).resolve().parents[2])
+        outs.append(out)
+    assert (outs[0] / "adapter_config.json").read_bytes() == (outs[1] / "adapter_config.json").read_bytes()
+    assert sha256_dir(outs[0]) == sha256_dir(outs[1])
