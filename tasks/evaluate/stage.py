@@ -11,13 +11,10 @@ Order of operations (the point of sealing):
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import tempfile
 from pathlib import Path
 from typing import Any
-
-import pyarrow.parquet as pq
 
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
@@ -114,12 +111,8 @@ def verify_run(store: ArtifactStore) -> VerifyReport:
     """
     plan = store.read_json(PLAN)
     committed = store.read_bytes(PLAN_HASH).decode().strip()
-    # read the rows without the manifest-hash check: verify must name the broken row, not just the file
-    try:
-        table = pq.read_table(io.BytesIO(store.read_bytes("evaluate/evaluations.parquet")))
-    except Exception as e:  # noqa: BLE001 - any unreadable file is a broken seal
-        raise SealError(f"evaluate/evaluations.parquet cannot be read: {e}") from None
-    rows = table.to_pylist()
+    # the rows without the manifest-hash check: verify must name the broken row, not just the file
+    rows = store.raw_rows("evaluate", "evaluations")
 
     def ck_sha(ck: dict[str, Any]) -> str:
         with tempfile.TemporaryDirectory() as tmp:

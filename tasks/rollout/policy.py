@@ -8,7 +8,6 @@ on the same weights.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,15 +26,6 @@ class Generation:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     text: str
-
-
-def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager[Any]:
-    """bf16 autocast on ``device`` (CPU or CUDA), or a no-op for float32."""
-    import torch
-
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
 
 class HFPolicy:
@@ -69,18 +59,14 @@ class HFPolicy:
         self.pad_id = int(self.tokenizer.pad_token_id)
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, cfg: PolicyConfig, *, policy_id: str,
-                   autocast_dtype: str = "float32") -> "HFPolicy":
-        """Wrap a model already in memory (the trainer's, for online rollouts). Generation runs
-        in eval mode under ``autocast_dtype`` and puts the model back in its previous mode."""
+    def from_model(cls, model: Any, tokenizer: Any, cfg: PolicyConfig, *, policy_id: str) -> "HFPolicy":
+        """Wrap a model already in memory (a merged copy of the trainer's policy, for online
+        rollouts). Generation runs in eval mode and puts the model back in its previous mode."""
         self = cls.__new__(cls)
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.adapter_sha256, self.base_model_id, self.policy_id = "", policy_id, policy_id
         self.eos_id, self.pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
-        self._autocast = autocast_dtype
         return self
-
-    _autocast = "float32"
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
         """Sample one completion per prompt (token-id lists), in batches of ``cfg.batch_size``.
@@ -113,7 +99,7 @@ class HFPolicy:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode(), autocast(device, self._autocast):
+            with torch.inference_mode():
                 res = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
                                           generation_config=gen_cfg)
         finally:

@@ -21,6 +21,7 @@ bf16 autocast for forward passes, fp32 master weights (the LoRA parameters and A
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -30,6 +31,15 @@ from typing import Any, Callable
 from tasks.config import RunConfig
 from tasks.hashing import seed_from
 from tasks.train.sequences import TrainSequence
+
+
+def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on ``device`` (CPU or CUDA), or a no-op for float32."""
+    import torch
+
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
 
 @dataclass
@@ -211,7 +221,6 @@ class Trainer:
         from peft import LoraConfig, PeftModel, get_peft_model
 
         from tasks.rollout.models import load_model_and_tokenizer
-        from tasks.rollout.policy import autocast
 
         self.cfg, self.tc, self.log = cfg, cfg.train, log
         torch.manual_seed(seed_from(cfg.seed, "train"))

@@ -52,9 +52,8 @@ def test_memory_limit(sbx):
 
 def test_process_limit_stops_a_fork_bomb(sbx):
     r = run(sbx, "import os\nn=0\ntry:\n    while True:\n        if os.fork()==0:\n            import time; time.sleep(5); os._exit(0)\n        n+=1\nexcept OSError:\n    print('stopped', n)")
-    assert r.status in ("ok", "timeout")
-    if r.status == "ok":
-        assert int(r.stdout.split()[1]) < 40
+    assert r.status == "ok", r
+    assert r.stdout.split()[0] == "stopped" and int(r.stdout.split()[1]) < 32  # max_procs=32 held
 
 
 def test_host_files_are_invisible_and_readonly(sbx):
