@@ -49,12 +49,14 @@ def _register(c: Contract) -> Contract:
 TASKS = _register(
     Contract(
         "tasks",
-        1,
+        2,
         _s(
             ("task_id", pa.string()),
             ("suite", pa.string()),
             ("split", pa.string()),
             ("instruction", pa.string()),
+            ("environment", pa.string()),
+            ("workspace", pa.string()),
             ("verifier_kind", pa.string()),
             ("verifier_spec", pa.string()),
             ("metadata", pa.string()),
@@ -66,9 +68,11 @@ TASKS = _register(
             ("unique", "task_hash"),
             ("not_null", "instruction"),
             ("in_set", "split", SPLITS),
+            ("in_set", "environment", ["answer", "workspace", "browser"]),
+            ("not_null", "workspace"),
             ("not_null", "verifier_spec"),
         ],
-        "One row per task. verifier_spec holds the hidden answer/tests; it never enters a prompt.",
+        "One row per task. workspace (JSON) is the visible set-up of the work dir. verifier_spec holds the hidden answer/tests; it never enters a prompt.",
     )
 )
 

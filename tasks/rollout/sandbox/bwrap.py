@@ -23,7 +23,17 @@ from tasks.config import SandboxConfig
 from tasks.rollout.sandbox.base import ExecResult, SandboxError
 
 NOBODY = 65534
-SANDBOX_WORKDIR = "/work"
+SANDBOX_WORKDIR = "/app"  # Terminal-Bench's convention: tasks and tests use absolute /app paths
+SANDBOX_SITE = "/opt/harnessrl/site"
+
+
+def sandbox_site() -> Path | None:
+    """The folder of Python packages (pytest) the bootstrap installs for the sandbox's Python,
+    ``<venv>/sandbox-site``, or None when it is missing."""
+    import sys
+
+    p = Path(sys.prefix) / "sandbox-site"
+    return p if p.is_dir() else None
 
 
 def _bwrap() -> str:
@@ -68,15 +78,18 @@ class BwrapSandbox:
         return self._host_path(path).read_bytes()
 
     def _argv(self, argv: list[str]) -> list[str]:
+        site = sandbox_site()
         cmd = [
             self.exe, "--unshare-all", "--die-with-parent", "--new-session",
             "--ro-bind", "/usr", "/usr",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
             "--symlink", "usr/sbin", "/sbin",
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            *(["--ro-bind", str(site), SANDBOX_SITE] if site else []),
             "--bind", str(self.workdir), SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
             "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", SANDBOX_WORKDIR,
             "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "LANG", "C.UTF-8",
+            *(["--setenv", "PYTHONPATH", SANDBOX_SITE] if site else []),
             "--",
         ]
         return cmd + argv
