@@ -79,6 +79,7 @@ class SandboxConfig(_Strict):
     output_bytes: int = Field(default=4096, ge=256)
     max_procs: int = Field(default=64, ge=4)
     file_size_mb: int = Field(default=16, ge=1)
+    parallel: int = Field(default=4, ge=1)  # episodes whose tool calls run at the same time
 
 
 class RolloutConfig(_Strict):

@@ -1,32 +1,58 @@
-"""A harness as data: system prompt, instance template, tools, action format, control loop,
-limits and sampling, validated by pydantic and hashed into ``harness_id``.
+"""A harness as data: system prompt, instance template, tools, action format, control loop, stop
+condition, context policy, sampling, limits and an optional skill, validated by pydantic and
+hashed into ``harness_id``.
 
 One engine (:mod:`tasks.rollout.harness`) interprets every spec; adding a harness is adding a YAML
-file under ``tasks/harnesses/specs/``.
+file under ``tasks/harnesses/specs/``. A spec is refused on load, with the file, key and value in
+the message, when it names a tool implementation the engine does not have, a template variable
+its template may not use, an action format its tools cannot carry out, or an argument mapping
+that does not fit the tool's JSON schema.
+
+Templates use ``{name}`` placeholders (``{{``/``}}`` for literal braces next to a word); any other
+brace text, such as a JSON example in a system prompt, is left as it is.
 """
 
 from __future__ import annotations
 
 import re
-import string
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.harnesses.tools import IMPLS
 from tasks.hashing import canonical_json, sha256_json
 from tasks.yamlfile import describe, load_mapping
 
 SPEC_DIR = Path(__file__).parent / "specs"
+ENVIRONMENTS = ("answer", "workspace", "browser")
+ActionFormat = Literal["final_answer", "function_call", "xml_tags", "fenced_code", "whole_file", "search_replace"]
+LoopType = Literal["single_turn", "react", "codeact", "reflect_on_test_failure"]
 
-# Tools the engine knows how to run, with the sandbox command each maps to.
-KNOWN_TOOLS = {"python"}
 # Variables each template may use.
-TEMPLATE_VARS = {
-    "instance_template": {"instruction"},
-    "observation_template": {"output", "turns_left"},
-    "format_error_template": {"turns_left"},
+TEMPLATE_VARS: dict[str, set[str]] = {
+    "system_prompt": {"tools"},
+    "instance_template": {"instruction", "files", "file_list", "page"},
+    "observation_template": {"output", "turns_left", "tool"},
+    "format_error_template": {"turns_left", "error"},
+    "reflect_template": {"output", "turns_left"},
 }
+_PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}(?!\})")
+
+
+def placeholders(text: str) -> set[str]:
+    """The ``{name}`` placeholders in a template (``{{name}}`` is a literal)."""
+    return set(_PLACEHOLDER.findall(text))
+
+
+def render(text: str, **values: Any) -> str:
+    """Fill ``{name}`` placeholders; ``{{name}}`` becomes a literal ``{name}``.
+
+    Raises:
+        KeyError: a placeholder with no value (load-time validation makes this unreachable).
+    """
+    out = _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), text)
+    return re.sub(r"\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}", r"{\1}", out)
 
 
 class HarnessError(ValueError):
@@ -38,12 +64,54 @@ class _Strict(BaseModel):
 
 
 class ToolSpec(_Strict):
-    """A tool the policy may call. ``timeout_s`` in seconds (wall clock in the sandbox)."""
+    """A tool the policy may call, as its harness family names it.
 
-    name: str
+    ``impl``: the implementation in :data:`tasks.harnesses.tools.IMPLS` (default: ``name``).
+    ``parameters``: the JSON schema of the call's arguments (``{"type": "object", "properties":
+    ...}``), shown to the model and checked on every call. ``arguments``: implementation parameter
+    -> property name in ``parameters`` where they differ (Qwen Code's ``absolute_path`` for
+    ``read_file``'s ``path``). ``timeout_s``: wall-clock seconds per call in the sandbox.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    impl: str | None = None
     description: str
-    parameters: dict[str, Any] = Field(default_factory=dict)  # JSON schema of the arguments
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    arguments: dict[str, str] = Field(default_factory=dict)
     timeout_s: float = Field(default=5.0, gt=0)
+
+    @property
+    def impl_name(self) -> str:
+        return self.impl or self.name
+
+    def arg(self, param: str) -> str:
+        """The property name carrying implementation parameter ``param``."""
+        return self.arguments.get(param, param)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ToolSpec":
+        impl = IMPLS.get(self.impl_name)
+        if impl is None:
+            raise ValueError(f"tools[{self.name}]: unknown tool implementation {self.impl_name!r}; the engine has "
+                             f"{sorted(IMPLS)} (set impl: to bind a new name to one of them)")
+        import jsonschema
+
+        try:
+            jsonschema.Draft202012Validator.check_schema(self.parameters)
+        except jsonschema.SchemaError as e:
+            raise ValueError(f"tools[{self.name}].parameters is not a JSON schema: {e.message}") from None
+        if self.parameters.get("type") != "object":
+            raise ValueError(f"tools[{self.name}].parameters.type must be 'object', not {self.parameters.get('type')!r}")
+        props = set(self.parameters.get("properties", {}))
+        bad = set(self.arguments) - set(impl.params) - set(impl.optional)
+        if bad:
+            raise ValueError(f"tools[{self.name}].arguments maps {sorted(bad)}, which {impl.name} does not take "
+                             f"(it takes {list(impl.params) + list(impl.optional)})")
+        missing = [p for p in impl.params if self.arg(p) not in props]
+        if missing:
+            raise ValueError(f"tools[{self.name}].parameters lacks {[self.arg(p) for p in missing]}, required by "
+                             f"implementation {impl.name}")
+        return self
 
 
 class SamplingSpec(_Strict):
@@ -55,60 +123,142 @@ class SamplingSpec(_Strict):
     max_new_tokens: int = Field(default=96, gt=0)
 
 
+class StopSpec(_Strict):
+    """When an episode ends, besides ``max_turns`` and a submit tool.
+
+    ``answer_pattern``: a regex whose first group is a submitted answer (None: only a submit tool
+    ends the episode). ``answer_fallback``: ``last_number`` takes the last number of the final
+    reply when nothing was submitted. ``on_no_action``: a reply with no action either gets the
+    format-error observation (``continue``) or ends the episode (``end``: CodeAct's "message to
+    the user", Aider's "no edits").
+    """
+
+    answer_pattern: str | None = r"(?i)answer\s*[:=]\s*(.+)"
+    answer_fallback: Literal["none", "last_number"] = "none"
+    on_no_action: Literal["continue", "end"] = "continue"
+
+
+class ContextSpec(_Strict):
+    """What enters the context. Observations longer than ``observation_max_chars`` are cut
+    (``truncation``: keep the head, the tail, or both ends); ``file_max_chars`` caps each file
+    shown by the ``{files}`` instance variable; ``max_context_tokens`` ends the episode when the
+    next prompt would exceed it (earlier turns are never rewritten: every prompt extends the
+    previous one token for token)."""
+
+    observation_max_chars: int = Field(default=1000, ge=16)
+    truncation: Literal["head", "tail", "head_tail"] = "head"
+    file_max_chars: int = Field(default=4000, ge=16)
+    max_context_tokens: int | None = Field(default=None, gt=0)
+
+
+class ReflectSpec(_Strict):
+    """``reflect_on_test_failure``: after a reply that edits files, run ``command`` (bash, in
+    /app, ``timeout_s`` seconds); exit 0 ends the episode, anything else sends its output back."""
+
+    command: str
+    timeout_s: float = Field(default=10.0, gt=0)
+
+
+class LimitsSpec(_Strict):
+    """``episode_wall_s``: wall-clock seconds an episode may take (tool time included); past it the
+    episode ends with status ``timeout``."""
+
+    episode_wall_s: float | None = Field(default=None, gt=0)
+
+
 class HarnessSpec(_Strict):
     """One harness.
 
-    ``loop_type``: ``single_turn`` (one completion, then grade) or ``react`` (act, observe, repeat
-    until an answer or ``max_turns``). ``action_format``: ``final_answer`` (only an answer) or
-    ``fenced_code`` (a fenced code block in the tool's language is run by that tool).
-    ``answer_pattern`` is a regex whose first group is the submitted answer; ``answer_fallback``
-    ``last_number`` takes the last number of the final completion when no pattern matched.
+    ``environments``: the task environments it can drive (``answer``, ``workspace``, ``browser``;
+    freeze pairs a task only with harnesses that list its environment). ``action_format``:
+    ``final_answer`` (only an answer), ``function_call`` (``<tool_call>{"name": ..., "arguments":
+    {...}}</tool_call>`` or a JSON object), ``xml_tags`` (``<tool><param>value</param></tool>``),
+    ``fenced_code`` (a fenced block is run by the python or shell tool by its language),
+    ``whole_file`` (a path line followed by a fenced block with the file's full content) or
+    ``search_replace`` (a path line followed by ``<<<<<<< SEARCH`` / ``=======`` / ``>>>>>>>
+    REPLACE`` blocks). ``loop_type``: ``single_turn``, ``react`` (act, observe, repeat),
+    ``codeact`` (react whose actions are code; a reply without code ends the episode),
+    ``reflect_on_test_failure`` (edit, run ``reflect.command``, feed failures back).
     """
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     family: str
     description: str = ""
+    environments: list[Literal["answer", "workspace", "browser"]] = Field(min_length=1)
     system_prompt: str
     instance_template: str
-    observation_template: str = "Output:\n{output}"
-    format_error_template: str = "No code block and no answer found."
+    observation_template: str = "{output}"
+    format_error_template: str = "{error}"
+    reflect_template: str = "The tests failed:\n{output}\nFix the code. ({turns_left} turns left)"
     tools: list[ToolSpec] = Field(default_factory=list)
-    action_format: Literal["final_answer", "fenced_code"]
-    loop_type: Literal["single_turn", "react"]
+    action_format: ActionFormat
+    loop_type: LoopType
     max_turns: int = Field(default=1, ge=1, le=1000)
-    answer_pattern: str = r"(?i)answer\s*[:=]\s*(.+)"
-    answer_fallback: Literal["none", "last_number"] = "last_number"
-    observation_max_chars: int = Field(default=1000, ge=16)
+    stop: StopSpec = Field(default_factory=StopSpec)
+    context: ContextSpec = Field(default_factory=ContextSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    reflect: ReflectSpec | None = None
     skill: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "HarnessSpec":
-        for t in self.tools:
-            if t.name not in KNOWN_TOOLS:
-                raise ValueError(f"tools: unknown tool {t.name!r}; the engine knows {sorted(KNOWN_TOOLS)}")
         for key, allowed in TEMPLATE_VARS.items():
-            text = getattr(self, key)
-            used = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
-            bad = used - allowed
+            bad = placeholders(getattr(self, key)) - allowed
             if bad:
                 raise ValueError(f"{key} uses undefined variable(s) {sorted(bad)}; it may use {sorted(allowed)}")
-        try:
-            pat = re.compile(self.answer_pattern)
-        except re.error as e:
-            raise ValueError(f"answer_pattern {self.answer_pattern!r} is not a regex: {e}") from None
-        if pat.groups < 1:
-            raise ValueError(f"answer_pattern {self.answer_pattern!r} needs one capture group (the answer)")
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tools: duplicate names {names}")
+        if self.stop.answer_pattern is not None:
+            try:
+                pat = re.compile(self.stop.answer_pattern)
+            except re.error as e:
+                raise ValueError(f"stop.answer_pattern {self.stop.answer_pattern!r} is not a regex: {e}") from None
+            if pat.groups < 1:
+                raise ValueError(f"stop.answer_pattern {self.stop.answer_pattern!r} needs one capture group (the answer)")
+        impls = {t.impl_name for t in self.tools}
         if self.loop_type == "single_turn" and self.max_turns != 1:
             raise ValueError(f"max_turns={self.max_turns} with loop_type single_turn; it must be 1")
-        if self.action_format == "fenced_code" and not self.tools:
-            raise ValueError("action_format fenced_code needs a tool to run the code")
+        if self.action_format == "final_answer" and self.tools:
+            raise ValueError("action_format final_answer takes no tools")
+        if self.action_format == "final_answer" and self.stop.answer_pattern is None and self.stop.answer_fallback == "none":
+            raise ValueError("action_format final_answer needs stop.answer_pattern or stop.answer_fallback")
+        if self.action_format in ("fenced_code",) and not impls & {"python", "shell"}:
+            raise ValueError("action_format fenced_code needs a tool with impl python or shell to run the code")
+        if self.action_format in ("function_call", "xml_tags") and not self.tools:
+            raise ValueError(f"action_format {self.action_format} needs tools")
+        if self.action_format == "whole_file" and "write_file" not in impls:
+            raise ValueError("action_format whole_file needs a tool with impl write_file")
+        if self.action_format == "search_replace" and "str_replace" not in impls:
+            raise ValueError("action_format search_replace needs a tool with impl str_replace")
+        if self.loop_type == "reflect_on_test_failure" and self.reflect is None:
+            raise ValueError("loop_type reflect_on_test_failure needs a reflect: {command: ...} section")
+        if self.loop_type == "codeact" and self.action_format not in ("fenced_code", "xml_tags", "function_call"):
+            raise ValueError(f"loop_type codeact needs code actions, not action_format {self.action_format}")
+        needs = {IMPLS[t.impl_name].needs for t in self.tools}
+        if "browser" in needs and self.environments != ["browser"]:
+            raise ValueError(f"browser tools need environments: [browser], not {self.environments}")
+        if "sandbox" in needs and "browser" in self.environments:
+            raise ValueError("a browser harness cannot have sandbox tools")
+        if "workspace" in self.environments and self.loop_type != "single_turn" and not needs & {"sandbox"}:
+            raise ValueError("a multi-turn harness for workspace tasks needs at least one sandbox tool")
         return self
 
     @property
     def harness_id(self) -> str:
         """SHA-256 of the canonical JSON of the whole spec."""
         return sha256_json(self.model_dump(mode="json"))
+
+    def tool(self, name: str) -> ToolSpec | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    def tools_doc(self) -> str:
+        """The ``{tools}`` text: one entry per tool with its JSON schema."""
+        lines = []
+        for t in self.tools:
+            lines.append(f"- {t.name}: {t.description}\n  parameters: {canonical_json(t.parameters)}")
+        return "\n".join(lines)
 
     def to_row(self) -> dict[str, Any]:
         d = self.model_dump(mode="json")
@@ -122,17 +272,23 @@ class HarnessSpec(_Strict):
             "action_format": self.action_format,
             "loop_type": self.loop_type,
             "max_turns": self.max_turns,
-            "limits": canonical_json({"observation_max_chars": self.observation_max_chars,
+            "limits": canonical_json({"context": d["context"], "limits": d["limits"],
                                       "tool_timeouts_s": {t.name: t.timeout_s for t in self.tools}}),
             "sampling": canonical_json(d["sampling"]),
             "spec_json": canonical_json(d),
         }
 
     def render_system(self) -> str:
-        """The system prompt, with the skill section appended when the spec has one."""
+        """The system prompt (``{tools}`` filled), with the skill section appended when the spec
+        has one."""
+        text = render(self.system_prompt, tools=self.tools_doc())
         if self.skill:
-            return f"{self.system_prompt.rstrip()}\n\n## Skill\n{self.skill.strip()}"
-        return self.system_prompt
+            return f"{text.rstrip()}\n\n## Skill\n{self.skill.strip()}"
+        return text
+
+
+def shipped_harnesses() -> list[str]:
+    return sorted(x.stem for x in SPEC_DIR.glob("*.yaml"))
 
 
 def load_harness(name_or_path: str | Path) -> HarnessSpec:
@@ -146,8 +302,7 @@ def load_harness(name_or_path: str | Path) -> HarnessSpec:
     if not p.suffix:
         p = SPEC_DIR / f"{name_or_path}.yaml"
     if not p.is_file():
-        known = sorted(x.stem for x in SPEC_DIR.glob("*.yaml"))
-        raise HarnessError(f"harness {str(name_or_path)!r}: no file {p}; shipped harnesses: {known}")
+        raise HarnessError(f"harness {str(name_or_path)!r}: no file {p}; shipped harnesses: {shipped_harnesses()}")
     data = load_mapping(p, HarnessError)
     try:
         return HarnessSpec.model_validate(data)

@@ -60,6 +60,13 @@ def freeze_tables(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
     specs: list[HarnessSpec] = [load_harness(name) for name in cfg.harnesses]
     harness_rows = [s.to_row() for s in specs]
 
+    driven = {env for s in specs for env in s.environments}
+    orphans = sorted({(t["suite"], t["environment"]) for t in task_rows if t["environment"] not in driven})
+    if orphans:
+        suite, env = orphans[0]
+        raise ValueError(f"suite {suite!r} has {env!r} tasks but none of the harnesses {cfg.harnesses} drives that "
+                         "environment (each harness spec lists its environments)")
+    # a record pairs a task only with the harnesses that can drive its environment
     record_rows = [
         {
             "record_id": record_id(t["task_hash"], s.harness_id, cfg.seed),
@@ -72,5 +79,6 @@ def freeze_tables(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
         }
         for t in task_rows
         for s in specs
+        if t["environment"] in s.environments
     ]
     return task_rows, harness_rows, record_rows

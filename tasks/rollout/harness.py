@@ -1,27 +1,38 @@
 """The harness engine: one interpreter for every harness spec.
 
-Per episode: render the prompt -> the policy generates -> parse the action -> run the tool in
-the episode's sandbox -> observation -> repeat until an answer, or ``max_turns`` -> the verifier
-grades the answer (only now does the task's hidden verifier spec come into play).
+Per episode: set up the task's environment (the sandbox work dir from the task's visible
+workspace, or the browser page) -> render the prompt -> the policy generates -> parse the reply
+under the spec's action format -> run the tool calls in the episode's sandbox or browser ->
+observation -> repeat under the spec's loop type until the stop condition, ``max_turns``, the
+context budget or the wall-clock limit -> the verifier grades (only now does the task's hidden
+verifier spec come into play: hidden tests are copied into the sandbox by the verifier).
 
-Episodes of one harness advance in lock-step, one batched ``generate`` call per turn.
+Episodes of one harness advance in lock-step: one batched ``generate`` call per turn for every
+episode still running; their tool calls then run concurrently (each in its own sandbox).
+
+Token accounting: each turn's prompt is the previous turn's prompt + completion + the observation
+ids, never re-tokenised; an episode whose prompt would not extend its previous one exactly raises
+(it would be unusable for training). Observation tokens are outside every completion, so the
+trainer's loss mask gives them 0. ``read_spans`` record which system, skill, instruction, file,
+page or tool-output text entered the context at which turn and at which token positions.
 """
 
 from __future__ import annotations
 
-import re
+import concurrent.futures
+import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tasks.config import SandboxConfig
-from tasks.harnesses.spec import HarnessSpec, SamplingSpec
+from tasks.harnesses.actions import ParsedReply, fallback_answer, last_code_block, parse_reply
+from tasks.harnesses.spec import HarnessSpec, SamplingSpec, render
+from tasks.harnesses.tools import IMPLS, ToolOutput
 from tasks.hashing import canonical_json, seed_from, sha256_text
-from tasks.records.verifiers import VerifierError, score
+from tasks.records.verifiers import VerifierError, grade
 from tasks.rollout.policy import ChatFormat, Generation
 from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_CODE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 class Policy(Protocol):
@@ -41,63 +52,216 @@ class EpisodeJob:
     seed: int
 
 
+class EpisodeEnv:
+    """What one episode acts on, created on first use and closed once graded: the sandbox (its
+    work dir set up from the task's visible ``workspace``) and, for browser tasks, the browser
+    session. Implements the tools' ``ToolEnv`` and the verifiers' ``GradeContext``.
+
+    Raises (from :meth:`sandbox`): SandboxError when the sandbox cannot start or a set-up
+    command of the task fails (an infrastructure error, not the agent's).
+    """
+
+    def __init__(self, task: dict[str, Any], sandbox_cfg: SandboxConfig, seed: int):
+        self.task, self.cfg, self.seed = task, sandbox_cfg, seed
+        self.workspace: dict[str, Any] = json.loads(task.get("workspace") or "{}")
+        self._sandbox: Sandbox | None = None
+        self._browser: Any = None
+
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            sbx = make_sandbox(self.cfg)
+            self._sandbox = sbx
+            for path, text in sorted(self.workspace.get("files", {}).items()):
+                sbx.write_file(path, text)
+            for cmd in self.workspace.get("setup", []):
+                res = sbx.exec(["bash", "-c", cmd], timeout_s=self.cfg.wall_s)
+                if res.status != "ok":
+                    raise SandboxError(f"task {self.task['task_id']!r}: set-up command {cmd!r} ended {res.status}: "
+                                       f"{res.combined_output()[-300:]}")
+        return self._sandbox
+
+    def browser_session(self) -> Any:
+        if self._browser is None:
+            from tasks.rollout.browser import open_browser
+
+            self._browser = open_browser(self.task, self.seed)
+        return self._browser
+
+    @property
+    def browser(self) -> Any:
+        return self._browser
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.cleanup()
+            self._sandbox = None
+        if self._browser is not None:
+            self._browser.close()
+            self._browser = None
+
+
 @dataclass
 class _Episode:
     job: EpisodeJob
-    prompt: list[int]
-    instruction_span: dict[str, Any]
+    env: EpisodeEnv
+    prompt: list[int] = field(default_factory=list)
+    spans0: list[dict[str, Any]] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     answer: str | None = None
     done: bool = False
     status: str = "ok"
-    sandbox: Sandbox | None = None
     error: str = ""
+    wall_s: float = 0.0
+    last_text: str = ""
 
 
-def clean_number(text: str) -> str:
-    return text.strip().rstrip(".").replace(",", "").strip()
+def truncate(text: str, limit: int, how: str) -> str:
+    """Cut ``text`` to ``limit`` characters keeping the head, the tail or both ends, with a note
+    saying how many characters were cut."""
+    if len(text) <= limit:
+        return text
+    cut = len(text) - limit
+    if how == "tail":
+        return f"[...{cut} characters cut]\n" + text[-limit:]
+    if how == "head_tail":
+        h = limit // 2
+        return text[:h] + f"\n[...{cut} characters cut...]\n" + text[len(text) - (limit - h):]
+    return text[:limit] + f"\n[...{cut} more characters cut]"
 
 
-def parse_action(spec: HarnessSpec, text: str) -> dict[str, Any]:
-    """The action in a completion: ``{"type": "answer", "answer": ...}``, ``{"type": "code",
-    "tool": ..., "code": ...}`` or ``{"type": "none"}``. An answer wins over code in the same
-    completion (the agent has submitted)."""
-    m = re.search(spec.answer_pattern, text)
-    if m:
-        return {"type": "answer", "answer": clean_number(m.group(1))}
-    if spec.action_format == "fenced_code":
-        c = _CODE.search(text)
-        if c and c.group(1).strip():
-            return {"type": "code", "tool": spec.tools[0].name, "code": c.group(1)}
-    return {"type": "none"}
+def _files_text(spec: HarnessSpec, files: dict[str, str]) -> str:
+    parts = []
+    for path, text in sorted(files.items()):
+        parts.append(f"{path}\n```\n{truncate(text, spec.context.file_max_chars, 'head')}\n```")
+    return "\n\n".join(parts)
 
 
-def fallback_answer(spec: HarnessSpec, text: str) -> str | None:
-    """The answer when the agent never submitted one: the last number of its final completion
-    (``answer_fallback: last_number``) or None."""
-    if spec.answer_fallback == "last_number":
-        nums = _NUMBER.findall(text)
-        return clean_number(nums[-1]) if nums else None
-    return None
+def _start(ep: _Episode, spec: HarnessSpec, chat: ChatFormat, tok: Any) -> None:
+    """Set up the environment and the first prompt with its read spans."""
+    task = ep.job.task
+    files: dict[str, str] = ep.env.workspace.get("files", {})
+    page = ""
+    if task.get("environment") == "browser":
+        page = ep.env.browser_session().observe()
+    elif task.get("environment") == "workspace":
+        ep.env.sandbox()  # the work dir exists before the agent's first action
+    user = render(spec.instance_template, instruction=task["instruction"], files=_files_text(spec, files),
+                  file_list="\n".join(sorted(files)) or "(empty)", page=page)
+    system = spec.render_system()
+    ep.prompt = chat.initial(system, user)
+
+    def span(source: str, text: str, **extra: Any) -> dict[str, Any]:
+        return {"source": source, "turn": 0, "tokens": len(tok.encode(text, add_special_tokens=False)),
+                "sha256": sha256_text(text), **extra}
+
+    ep.spans0 = [span("system", spec.system_prompt)]
+    if spec.skill:
+        ep.spans0.append(span("skill", spec.skill))
+    ep.spans0.append(span("instruction", task["instruction"]))
+    if "{files}" in spec.instance_template:
+        ep.spans0 += [span("file", t, path=p) for p, t in sorted(files.items())]
+    if page:
+        ep.spans0.append(span("page", page))
 
 
-def _truncate(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + f"\n...[{len(text) - limit} more characters cut]"
+def _run_calls(ep: _Episode, spec: HarnessSpec, parsed: ParsedReply, sandbox_cfg: SandboxConfig
+               ) -> tuple[list[tuple[str, ToolOutput]], bool]:
+    """Run the reply's tool calls in order; returns ((tool, output) pairs, episode submitted)."""
+    outs: list[tuple[str, ToolOutput]] = []
+    for call in parsed.calls:
+        tool = spec.tool(call.tool)
+        assert tool is not None
+        timeout = min(tool.timeout_s, sandbox_cfg.wall_s) if IMPLS[call.impl].needs == "sandbox" else tool.timeout_s
+        out = IMPLS[call.impl].run(ep.env, call.args, timeout)
+        outs.append((call.tool, out))
+        if out.submitted:
+            if out.answer is not None:
+                ep.answer = out.answer
+            return outs, True
+    return outs, False
 
 
-def _run_tool(ep: _Episode, spec: HarnessSpec, action: dict[str, Any], sandbox_cfg: SandboxConfig) -> str:
-    tool = next(t for t in spec.tools if t.name == action["tool"])
-    if ep.sandbox is None:
-        ep.sandbox = make_sandbox(sandbox_cfg)
-    ep.sandbox.write_file("main.py", action["code"])
-    res = ep.sandbox.exec(["python3", "-I", "main.py"], timeout_s=min(tool.timeout_s, sandbox_cfg.wall_s))
-    out = res.combined_output().strip() or "(no output)"
-    return _truncate(out, spec.observation_max_chars)
+def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg: SandboxConfig
+          ) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """Act on one reply; returns (observation text, observation spans without positions, action
+    record). Sets ``ep.done``/``ep.answer``/``ep.status``."""
+    t0 = time.monotonic()
+    turns_left = spec.max_turns - turn - 1
+    parsed = parse_reply(spec, g.text)
+    ep.last_text = g.text
+    action: dict[str, Any] = parsed.to_json()
+    spans: list[dict[str, Any]] = []
+    observation = ""
+    try:
+        if spec.loop_type == "single_turn":
+            ep.done = True
+        else:
+            outs, submitted = _run_calls(ep, spec, parsed, sandbox_cfg)
+            browser_done = bool(ep.env.browser is not None and ep.env.browser.done())
+            if submitted or parsed.answer is not None or browser_done:
+                ep.done = True
+            elif turns_left == 0:
+                ep.done = True
+            elif outs:
+                texts = []
+                for name, out in outs:
+                    text = truncate(out.text, spec.context.observation_max_chars, spec.context.truncation)
+                    texts.append(render(spec.observation_template, output=text, turns_left=turns_left, tool=name))
+                    spans += [{"source": "file", "path": p, "tool": name} for p in out.files_read]
+                    if not out.files_read:
+                        spans.append({"source": "tool_output", "tool": name})
+                observation = "\n\n".join(texts)
+                if spec.loop_type == "reflect_on_test_failure" and spec.reflect is not None and not parsed.error:
+                    res = ep.env.sandbox().exec(["bash", "-c", spec.reflect.command],
+                                                timeout_s=min(spec.reflect.timeout_s, sandbox_cfg.wall_s))
+                    action["reflect"] = {"status": res.status, "exit_code": res.exit_code}
+                    if res.status == "ok":
+                        ep.done, observation, spans = True, "", []
+                    else:
+                        out = truncate(res.combined_output().strip() or f"[{res.status}]",
+                                       spec.context.observation_max_chars, spec.context.truncation)
+                        observation = render(spec.reflect_template, output=out, turns_left=turns_left)
+                        spans = [{"source": "tool_output", "tool": "reflect"}]
+            elif parsed.error:
+                observation = render(spec.format_error_template, error=f"Could not run the action: {parsed.error}.",
+                                     turns_left=turns_left)
+                spans.append({"source": "format_error"})
+            elif spec.stop.on_no_action == "end":
+                ep.done = True
+            else:
+                observation = render(spec.format_error_template, error="No action found in the reply.",
+                                     turns_left=turns_left)
+                spans.append({"source": "format_error"})
+    except SandboxError as err:
+        ep.status, ep.error, ep.done, observation, spans = "infra_error", str(err), True, "", []
+    except Exception as err:  # a browser failure is infrastructure too
+        from tasks.rollout.browser import BrowserError
+
+        if not isinstance(err, BrowserError):
+            raise
+        ep.status, ep.error, ep.done, observation, spans = "infra_error", str(err), True, "", []
+    ep.wall_s += time.monotonic() - t0
+    if ep.done and ep.answer is None and ep.status == "ok":
+        ep.answer = parsed.answer if parsed.answer is not None else fallback_answer(spec, g.text)
+    if (not ep.done and spec.limits.episode_wall_s is not None and ep.wall_s > spec.limits.episode_wall_s):
+        ep.status, ep.done, observation, spans = "timeout", True, "", []
+    return observation, spans, action
+
+
+def _finish_workspace(ep: _Episode, spec: HarnessSpec) -> None:
+    """Single-reply harnesses on workspace tasks: write the reply's last code block (or, without
+    one, the whole reply) to the task's ``answer_file``."""
+    path = ep.env.workspace.get("answer_file")
+    if path and spec.action_format == "final_answer" and ep.status == "ok":
+        ep.env.sandbox().write_file(path, last_code_block(ep.last_text) or ep.last_text)
 
 
 def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sandbox_cfg: SandboxConfig,
                  *, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``jobs`` (all under harness ``spec``) to completion.
+
+    Seeding: turn t's batch is sampled with ``seed_from(seed, harness_id, t, ids of the episodes
+    still running)``, so the same jobs in the same order give the same tokens.
 
     Returns:
         ``(episodes, turns)`` row dicts: episode fields known to the engine (episode_id, reward,
@@ -108,41 +272,33 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
         ValueError: a turn's prompt does not extend the previous turn's prompt + completion
             exactly (token accounting drift); the episode would be unusable for training.
     """
-    chat = ChatFormat(policy.tokenizer)
-    system = spec.render_system()
-    eps: list[_Episode] = []
-    for job in jobs:
-        user = spec.instance_template.format(instruction=job.task["instruction"])
-        span = {"source": "instruction", "turn": 0,
-                "tokens": len(policy.tokenizer.encode(user, add_special_tokens=False)), "sha256": sha256_text(user)}
-        eps.append(_Episode(job=job, prompt=chat.initial(system, user), instruction_span=span))
-    base_spans = _initial_spans(policy.tokenizer, spec)
+    tok = policy.tokenizer
+    chat = ChatFormat(tok)
+    eps = [_Episode(job=j, env=EpisodeEnv(j.task, sandbox_cfg, j.seed)) for j in jobs]
+    workers = max(1, min(sandbox_cfg.parallel, len(eps)))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="harness-tools")
     try:
+        def start(e: _Episode) -> None:
+            try:
+                _start(e, spec, chat, tok)
+            except SandboxError as err:
+                e.status, e.error, e.done = "infra_error", str(err), True
+                e.prompt = e.prompt or chat.initial(spec.render_system(), e.job.task["instruction"])
+
+        list(pool.map(start, eps))
         for turn in range(spec.max_turns):
             active = [e for e in eps if not e.done]
             if not active:
                 break
             turn_seed = seed_from(seed, spec.harness_id, turn, [e.job.episode_id for e in active])
+            t0 = time.monotonic()
             gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
-            turns_left = spec.max_turns - turn - 1
-            for e, g in zip(active, gens):
-                action = parse_action(spec, g.text)
-                observation = ""
-                spans = [*base_spans, e.instruction_span] if turn == 0 else []
-                if action["type"] == "answer":
-                    e.answer, e.done = action["answer"], True
-                elif spec.loop_type == "single_turn" or turns_left == 0:
-                    e.answer, e.done = fallback_answer(spec, g.text), True
-                elif action["type"] == "code":
-                    try:
-                        out = _run_tool(e, spec, action, sandbox_cfg)
-                    except SandboxError as err:
-                        e.status, e.error, e.done = "infra_error", str(err), True
-                        out = ""
-                    observation = spec.observation_template.format(output=out, turns_left=turns_left)
-                else:
-                    observation = spec.format_error_template.format(turns_left=turns_left)
-                e.turns.append({
+            gen_s = (time.monotonic() - t0) / len(active)
+            results = list(pool.map(lambda eg: _step(eg[0], spec, eg[1], turn, sandbox_cfg), zip(active, gens)))
+            for e, g, (observation, obs_spans, action) in zip(active, gens, results):
+                e.wall_s += gen_s
+                spans = list(e.spans0) if turn == 0 else []
+                row = {
                     "episode_id": e.job.episode_id,
                     "turn_idx": turn,
                     "prompt_token_ids": list(e.prompt),
@@ -153,53 +309,54 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                     "finish_reason": g.finish_reason,
                     "action": canonical_json(action),
                     "observation": observation,
-                    "read_spans": canonical_json(spans),
-                })
+                    "read_spans": "",
+                }
+                e.turns.append(row)
                 if not e.done:
                     cont = chat.continuation(g.token_ids, observation)
-                    new_prompt = e.prompt + g.token_ids + cont
-                    if new_prompt[: len(e.prompt) + len(g.token_ids)] != e.prompt + g.token_ids:
+                    base = e.prompt + g.token_ids
+                    new_prompt = base + cont
+                    if new_prompt[: len(base)] != base:
                         raise ValueError(f"episode {e.job.episode_id}: turn {turn + 1} prompt does not extend turn {turn}")
-                    e.prompt = new_prompt
-                    e.turns[-1]["read_spans"] = canonical_json(
-                        spans + ([{"source": "tool_output", "turn": turn + 1, "tokens": len(cont),
-                                   "sha256": sha256_text(observation)}] if action["type"] == "code" else [])
-                    )
+                    start_pos, end_pos = len(base), len(new_prompt)
+                    for s in obs_spans:
+                        spans.append({**s, "turn": turn + 1, "tokens": len(cont), "start": start_pos, "end": end_pos,
+                                      "sha256": sha256_text(observation)})
+                    limit = spec.context.max_context_tokens
+                    if limit is not None and len(new_prompt) + spec.sampling.max_new_tokens > limit:
+                        e.done = True
+                        e.answer = fallback_answer(spec, g.text)
+                        action["context_limit"] = True
+                        row["action"] = canonical_json(action)
+                    else:
+                        e.prompt = new_prompt
+                row["read_spans"] = canonical_json(spans)
+
+        def finish(e: _Episode) -> dict[str, Any]:
+            reward = 0.0
+            if e.status == "ok":
+                try:
+                    if e.job.task.get("environment") == "workspace":
+                        _finish_workspace(e, spec)
+                    reward = grade(e.job.task["verifier_kind"], e.job.task["verifier_spec"], e.answer, e.env)
+                except (VerifierError, SandboxError) as err:
+                    e.status, e.error = "infra_error", str(err)
+            e.env.close()
+            return {
+                "episode_id": e.job.episode_id,
+                "reward": reward,
+                "success": e.status == "ok" and reward >= 1.0,
+                "status": e.status,
+                "num_turns": len(e.turns),
+                "input_tokens": sum(len(t["prompt_token_ids"]) for t in e.turns),
+                "output_tokens": sum(len(t["completion_token_ids"]) for t in e.turns),
+                "final_answer": e.answer,
+            }
+
+        episodes = list(pool.map(finish, eps))
     finally:
+        pool.shutdown(wait=True)
         for e in eps:
-            if e.sandbox is not None:
-                e.sandbox.cleanup()
-    episodes = []
-    for e in eps:
-        reward = 0.0
-        if e.status == "ok":
-            try:
-                reward = score(e.job.task["verifier_kind"], e.job.task["verifier_spec"], e.answer)
-            except VerifierError as err:
-                e.status, e.error = "infra_error", str(err)
-        episodes.append({
-            "episode_id": e.job.episode_id,
-            "reward": reward,
-            "success": e.status == "ok" and reward >= 1.0,
-            "status": e.status,
-            "num_turns": len(e.turns),
-            "input_tokens": sum(len(t["prompt_token_ids"]) for t in e.turns),
-            "output_tokens": sum(len(t["completion_token_ids"]) for t in e.turns),
-            "final_answer": e.answer,
-        })
+            e.env.close()
     turns = [t for e in eps for t in e.turns]
     return episodes, turns
-
-
-def _initial_spans(tokenizer: Any, spec: HarnessSpec) -> list[dict[str, Any]]:
-    """Read spans of the first prompt: the system prompt, the skill (when the spec has one) and
-    each with its token count and the SHA-256 of its text (the instruction's span is per episode)."""
-
-    def span(source: str, text: str) -> dict[str, Any]:
-        return {"source": source, "turn": 0, "tokens": len(tokenizer.encode(text, add_special_tokens=False)),
-                "sha256": sha256_text(text)}
-
-    spans = [span("system", spec.system_prompt)]
-    if spec.skill:
-        spans.append(span("skill", spec.skill))
-    return spans

@@ -4,6 +4,33 @@ import yaml
 from tasks.harnesses.spec import HarnessError, load_harness
 
 
+SHIPPED = ["aider-like", "direct", "openhands-like", "qwen-code-like", "react-python", "swe-agent-like", "web-react"]
+
+
+def test_every_shipped_family_loads_with_its_loop_and_format():
+    from tasks.harnesses.spec import shipped_harnesses
+
+    assert shipped_harnesses() == SHIPPED
+    got = {n: (load_harness(n).action_format, load_harness(n).loop_type) for n in SHIPPED}
+    assert got == {
+        "aider-like": ("search_replace", "reflect_on_test_failure"),
+        "direct": ("final_answer", "single_turn"),
+        "openhands-like": ("fenced_code", "codeact"),
+        "qwen-code-like": ("function_call", "react"),
+        "react-python": ("fenced_code", "react"),
+        "swe-agent-like": ("function_call", "react"),
+        "web-react": ("xml_tags", "react"),
+    }
+    q = load_harness("qwen-code-like")
+    assert [t.name for t in q.tools] == ["read_file", "write_file", "edit", "run_shell_command", "grep_search", "glob"]
+    assert q.tool("edit").impl_name == "str_replace" and q.tool("edit").arg("old") == "old_string"
+    assert {t.name for t in load_harness("swe-agent-like").tools} >= {"view", "search", "edit", "submit"}
+    # JSON examples in a system prompt are text, not template variables; {tools} is filled in
+    sysp = load_harness("swe-agent-like").render_system()
+    assert '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>' in sysp
+    assert "- view: Show a file" in sysp and "{tools}" not in sysp
+
+
 def test_shipped_specs_load_and_hash_stably():
     d, r = load_harness("direct"), load_harness("react-python")
     assert d.loop_type == "single_turn" and r.loop_type == "react" and r.max_turns == 3
@@ -21,7 +48,7 @@ def _write(tmp_path, **changes):
 
 def test_unknown_tool_is_refused_with_file_and_key(tmp_path):
     p = _write(tmp_path, tools=[{"name": "browser", "description": "x"}])
-    with pytest.raises(HarnessError, match=r"unknown tool 'browser'") as e:
+    with pytest.raises(HarnessError, match=r"unknown tool implementation 'browser'") as e:
         load_harness(p)
     assert str(p) in str(e.value)
 
@@ -42,3 +69,24 @@ def test_a_changed_prompt_changes_the_harness_id(tmp_path):
     a = load_harness(_write(tmp_path, system_prompt="A"))
     b = load_harness(_write(tmp_path, system_prompt="B"))
     assert a.harness_id != b.harness_id
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tools": [{"name": "python", "description": "x", "parameters": {"type": "object", "properties": {}}}]},
+     r"tools\[python\].parameters lacks \['code'\], required by implementation python"),
+    ({"tools": [{"name": "run", "impl": "shell", "description": "x", "arguments": {"cmd": "c"},
+                 "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]},
+     r"tools\[run\].arguments maps \['cmd'\], which shell does not take"),
+    ({"tools": [{"name": "python", "description": "x", "parameters": {"type": "object", "properties": 3}}]},
+     r"tools\[python\].parameters is not a JSON schema"),
+    ({"action_format": "whole_file"}, r"action_format whole_file needs a tool with impl write_file"),
+    ({"action_format": "search_replace"}, r"action_format search_replace needs a tool with impl str_replace"),
+    ({"loop_type": "reflect_on_test_failure"}, r"needs a reflect: \{command: ...\} section"),
+    ({"stop": {"answer_pattern": "Answer: .+"}}, r"needs one capture group"),
+    ({"environments": ["browser"]}, r"browser harness cannot have sandbox tools"),
+    ({"environments": ["moon"]}, r"environments"),
+    ({"system_prompt": "Use {tool_list}"}, r"system_prompt uses undefined variable\(s\) \['tool_list'\]"),
+])
+def test_inconsistent_specs_are_refused_naming_the_key(tmp_path, change, message):
+    with pytest.raises(HarnessError, match=message):
+        load_harness(_write(tmp_path, **change))

@@ -1,0 +1,211 @@
+"""The tool implementations a harness spec can bind its tools to.
+
+A harness names its tools as its family does (SWE-agent's ``view``, Qwen Code's ``read_file``,
+OpenHands' ``finish``) and binds each to one implementation here with ``impl``; ``arguments``
+maps the implementation's parameter names to the names in the harness's JSON schema. Adding a
+harness never needs new code unless it needs a new *kind* of action.
+
+Workspace tools act on the episode's sandbox (paths relative to the work dir ``/app``); browser
+tools act on the episode's browser session. Every tool returns a :class:`ToolOutput`; a bad
+argument (a missing file, a search string that does not occur) is the agent's mistake and comes
+back as text in the observation, never as an exception. Only infrastructure failures raise
+(:class:`tasks.rollout.sandbox.SandboxError`, :class:`tasks.rollout.browser.BrowserError`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Protocol
+
+Needs = Literal["sandbox", "browser", "none"]
+
+
+class ToolEnv(Protocol):
+    """What a tool may act on: the episode's sandbox (created on first use) or browser."""
+
+    def sandbox(self) -> Any: ...
+
+    def browser_session(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """A tool's result: ``text`` for the observation; ``files_read`` (work-dir paths whose content
+    entered the context, for read spans); ``submitted`` True when the tool ends the episode, with
+    ``answer`` (may be None)."""
+
+    text: str
+    files_read: tuple[str, ...] = ()
+    submitted: bool = False
+    answer: str | None = None
+    status: str = "ok"  # the sandbox's exec status when the tool ran a command
+
+
+@dataclass(frozen=True)
+class ToolImpl:
+    """One implementation: ``params`` required, ``optional`` optional parameter names; ``needs``
+    what it acts on; ``run(env, args, timeout_s)``."""
+
+    name: str
+    params: tuple[str, ...]
+    optional: tuple[str, ...]
+    needs: Needs
+    run: Callable[[ToolEnv, dict[str, Any], float], ToolOutput]
+    doc: str = ""
+    tags: tuple[str, ...] = field(default=())
+
+
+def _safe_path(path: Any) -> str:
+    """A work-dir-relative path; ``/app/x`` is accepted as ``x``. Raises ValueError on ``..`` escapes."""
+    p = str(path).strip()
+    if p.startswith("/app/"):
+        p = p[len("/app/"):]
+    elif p == "/app":
+        p = "."
+    if p.startswith("/"):
+        raise ValueError(f"path {path!r} is outside the work dir /app")
+    norm = posixpath.normpath(p)
+    if norm == ".." or norm.startswith("../"):
+        raise ValueError(f"path {path!r} escapes the work dir /app")
+    return norm
+
+
+def _exec_text(res: Any) -> str:
+    out = res.combined_output().strip()
+    if res.status not in ("ok",) and not out:
+        out = f"[exit status {res.exit_code}, {res.status}]"
+    elif res.status not in ("ok", "error"):
+        out += f"\n[{res.status}]"
+    return out or "(no output)"
+
+
+def _python(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    sbx = env.sandbox()
+    sbx.write_file(".harness/main.py", str(args["code"]))
+    res = sbx.exec(["python3", "-I", ".harness/main.py"], timeout_s=timeout_s)
+    return ToolOutput(_exec_text(res), status=res.status)
+
+
+def _shell(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    res = env.sandbox().exec(["bash", "-c", str(args["command"])], timeout_s=timeout_s)
+    return ToolOutput(_exec_text(res), status=res.status)
+
+
+def _read(env: ToolEnv, path: str) -> str | None:
+    try:
+        return env.sandbox().read_file(path).decode("utf-8", errors="replace")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def _read_file(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    try:
+        path = _safe_path(args["path"])
+    except ValueError as e:
+        return ToolOutput(f"Error: {e}")
+    text = _read(env, path)
+    if text is None:
+        return ToolOutput(f"Error: no file {args['path']!r}")
+    lines = text.splitlines()
+    start = int(args.get("start_line") or 1)
+    end = int(args.get("end_line") or len(lines))
+    start, end = max(1, start), min(len(lines), end)
+    body = "\n".join(f"{i:>4}| {lines[i - 1]}" for i in range(start, end + 1))
+    return ToolOutput(f"{path} (lines {start}-{end} of {len(lines)}):\n{body}" if lines else f"{path} is empty",
+                      files_read=(path,))
+
+
+def _write_file(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    try:
+        path = _safe_path(args["path"])
+    except ValueError as e:
+        return ToolOutput(f"Error: {e}")
+    content = str(args["content"])
+    env.sandbox().write_file(path, content)
+    return ToolOutput(f"Wrote {len(content.encode())} bytes to {path}")
+
+
+def _str_replace(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    try:
+        path = _safe_path(args["path"])
+    except ValueError as e:
+        return ToolOutput(f"Error: {e}")
+    text = _read(env, path)
+    if text is None:
+        return ToolOutput(f"Error: no file {args['path']!r}")
+    out = apply_replace(text, str(args["old"]), str(args["new"]))
+    if isinstance(out, str) and out.startswith("Error:"):
+        return ToolOutput(out)
+    env.sandbox().write_file(path, out[1])
+    return ToolOutput(f"Edited {path}: replaced 1 occurrence ({out[0]} lines changed)")
+
+
+def apply_replace(text: str, old: str, new: str) -> str | tuple[int, str]:
+    """Replace the single occurrence of ``old`` in ``text``. Returns ``(lines changed, new text)``
+    or an ``"Error: ..."`` message when ``old`` is empty, absent or not unique."""
+    if not old:
+        return "Error: the text to replace is empty"
+    n = text.count(old)
+    if n == 0:
+        return "Error: the text to replace does not occur in the file"
+    if n > 1:
+        return f"Error: the text to replace occurs {n} times; give more context to make it unique"
+    return max(old.count("\n"), new.count("\n")) + 1, text.replace(old, new, 1)
+
+
+def _search(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    try:
+        path = _safe_path(args.get("path") or ".")
+    except ValueError as e:
+        return ToolOutput(f"Error: {e}")
+    cmd = f"grep -rnE --binary-files=without-match -e {shlex.quote(str(args['pattern']))} -- {shlex.quote(path)} | head -n 50"
+    res = env.sandbox().exec(["bash", "-c", cmd], timeout_s=timeout_s)
+    return ToolOutput(res.stdout.strip() or "No matches.", status=res.status)
+
+
+def _glob(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    res = env.sandbox().exec(["bash", "-c", "find . -type f -not -path './.harness/*' | sed 's|^\\./||' | sort | head -n 2000"],
+                             timeout_s=timeout_s)
+    pattern = str(args["pattern"])
+    hits = [p for p in res.stdout.splitlines() if fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p, f"*/{pattern}")]
+    return ToolOutput("\n".join(hits[:200]) or "No files match.", status=res.status)
+
+
+def _list_dir(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    try:
+        path = _safe_path(args.get("path") or ".")
+    except ValueError as e:
+        return ToolOutput(f"Error: {e}")
+    res = env.sandbox().exec(["ls", "-la", "--", path], timeout_s=timeout_s)
+    return ToolOutput(_exec_text(res), status=res.status)
+
+
+def _submit(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    ans = args.get("answer")
+    return ToolOutput("Submitted.", submitted=True, answer=None if ans is None else str(ans).strip())
+
+
+def _click(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    return ToolOutput(env.browser_session().click(str(args["ref"])))
+
+
+def _type(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    return ToolOutput(env.browser_session().type(str(args["ref"]), str(args["text"])))
+
+
+IMPLS: dict[str, ToolImpl] = {t.name: t for t in [
+    ToolImpl("python", ("code",), (), "sandbox", _python, "run a Python 3 program; stdout and stderr come back"),
+    ToolImpl("shell", ("command",), (), "sandbox", _shell, "run a bash command in /app"),
+    ToolImpl("read_file", ("path",), ("start_line", "end_line"), "sandbox", _read_file, "show a file with line numbers"),
+    ToolImpl("write_file", ("path", "content"), (), "sandbox", _write_file, "create or overwrite a file"),
+    ToolImpl("str_replace", ("path", "old", "new"), (), "sandbox", _str_replace, "replace one unique string in a file"),
+    ToolImpl("search", ("pattern",), ("path",), "sandbox", _search, "grep -rnE a regex under a path"),
+    ToolImpl("glob", ("pattern",), (), "sandbox", _glob, "list files matching a glob pattern"),
+    ToolImpl("list_dir", (), ("path",), "sandbox", _list_dir, "list a directory"),
+    ToolImpl("submit", (), ("answer",), "none", _submit, "end the episode, optionally with an answer"),
+    ToolImpl("click", ("ref",), (), "browser", _click, "click the page element with this reference"),
+    ToolImpl("type", ("ref", "text"), (), "browser", _type, "type text into the page element with this reference"),
+]}

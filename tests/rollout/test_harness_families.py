@@ -1,0 +1,163 @@
+"""Every shipped harness family driven by a scripted policy through the one engine, on workspace
+and answer tasks in the bubblewrap sandbox: the actions run, observations come back, the loop
+stops where the spec says, the verifier grades what the agent left behind, and the token and
+read-span accounting holds."""
+
+import json
+import shutil
+
+import pytest
+
+from tasks.config import SandboxConfig
+from tasks.harnesses.spec import load_harness
+from tasks.records.suites.base import Task
+from tasks.records.verifiers import register_verifier
+from tasks.rollout.harness import EpisodeJob, run_episodes
+from tasks.rollout.policy import Generation
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+HIDDEN = "HIDDEN-EXPECTED-CONTENT-7f3a"
+
+
+@register_verifier("test_file_equals")
+def _file_equals(spec, answer, ctx):
+    """1.0 when the file holds the expected text (the hidden value is read only here)."""
+    try:
+        return float(ctx.sandbox().read_file(spec["path"]).decode().strip() == spec["expected"])
+    except FileNotFoundError:
+        return 0.0
+
+
+class ScriptedPolicy:
+    """Replies with script[turn] to every episode."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script, self.calls, self.prompts = tokenizer, script, 0, []
+
+    def generate(self, prompts, sampling, seed):
+        text = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        self.prompts.append(prompts)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        return [Generation(ids, [-0.5] * len(ids), "stop", text) for _ in prompts]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _task(files, expected, path="out.txt", setup=(), instruction="Write the greeting into out.txt."):
+    t = Task(task_id="t/0", suite="test/ws", instruction=instruction, verifier_kind="test_file_equals",
+             verifier_spec={"path": path, "expected": expected}, environment="workspace",
+             workspace={"files": files, "setup": list(setup)})
+    return t.to_row("train")
+
+
+def _run(tok, harness, script, task, cfg=None):
+    pol = ScriptedPolicy(tok, script)
+    eps, turns = run_episodes(pol, load_harness(harness), [EpisodeJob("ep", {}, task, 0, 0)],
+                              cfg or SandboxConfig(), seed=0)
+    return eps[0], turns, pol
+
+
+def _decoded_prompts(tok, pol):
+    return [tok.decode(p) for batch in pol.prompts for p in batch]
+
+
+def test_qwen_code_reads_edits_and_stops_on_a_plain_reply(tok):
+    task = _task({"greet.txt": "hello\n"}, HIDDEN, setup=["cp greet.txt out.txt"])
+    script = [
+        '<tool_call>{"name": "read_file", "arguments": {"absolute_path": "/app/out.txt"}}</tool_call>',
+        '<tool_call>{"name": "edit", "arguments": {"file_path": "/app/out.txt", "old_string": "hello", '
+        f'"new_string": "{HIDDEN}"}}}}</tool_call>',
+        "I replaced the greeting.",
+    ]
+    ep, turns, pol = _run(tok, "qwen-code-like", script, task)
+    assert (ep["status"], ep["reward"], ep["num_turns"]) == ("ok", 1.0, 3)
+    assert "<tool_response>" in turns[0]["observation"] and "1| hello" in turns[0]["observation"]
+    assert "Edited out.txt" in turns[1]["observation"]
+    spans = json.loads(turns[0]["read_spans"])
+    file_span = [s for s in spans if s["source"] == "file"]
+    assert file_span == [{"source": "file", "path": "out.txt", "tool": "read_file", "turn": 1,
+                          "tokens": file_span[0]["tokens"], "start": file_span[0]["start"], "end": file_span[0]["end"],
+                          "sha256": file_span[0]["sha256"]}]
+    # the span's token positions are exactly the observation appended to the next prompt
+    n0 = len(turns[0]["prompt_token_ids"]) + len(turns[0]["completion_token_ids"])
+    assert (file_span[0]["start"], file_span[0]["end"]) == (n0, len(turns[1]["prompt_token_ids"]))
+    assert turns[1]["prompt_token_ids"][:n0] == turns[0]["prompt_token_ids"] + turns[0]["completion_token_ids"]
+    # the hidden expected value entered no prompt before the agent itself wrote it
+    assert all(HIDDEN not in p for p in _decoded_prompts(tok, pol)[:2])
+
+
+def test_swe_agent_bad_arguments_get_a_format_error_and_submit_ends(tok):
+    task = _task({"a.txt": "x\n"}, "x")
+    script = [
+        '<tool_call>{"name": "view", "arguments": {"file": "a.txt"}}</tool_call>',
+        '<tool_call>{"name": "create", "arguments": {"path": "out.txt", "content": "x"}}</tool_call>',
+        '<tool_call>{"name": "submit", "arguments": {}}</tool_call>',
+        "never reached",
+    ]
+    ep, turns, _ = _run(tok, "swe-agent-like", script, task)
+    assert (ep["reward"], ep["num_turns"]) == (1.0, 3)
+    assert turns[0]["observation"].startswith("Could not run the action: bad arguments for view")
+    assert json.loads(turns[2]["action"])["calls"][0]["impl"] == "submit"
+
+
+def test_openhands_runs_bash_and_python_and_a_plain_message_ends(tok):
+    task = _task({}, "42")
+    script = ["```bash\necho 40 > n.txt\n```", "```python\nn = int(open('n.txt').read())\nopen('out.txt','w').write(str(n + 2))\n"
+              "print('wrote', n + 2)\n```", "I wrote the file."]
+    ep, turns, _ = _run(tok, "openhands-like", script, task)
+    assert (ep["reward"], ep["num_turns"]) == (1.0, 3)
+    assert turns[0]["observation"] == "OBSERVATION (execute_bash):\n(no output)"
+    assert turns[1]["observation"] == "OBSERVATION (execute_ipython_cell):\nwrote 42"
+
+
+def test_aider_reflects_visible_test_failures_until_they_pass(tok):
+    files = {"sol.py": "def add(a, b):\n    return 0\n",
+             "test_sol.py": "from sol import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"}
+    task = _task(files, "def add(a, b):\n    return a + b", path="sol.py")
+    wrong = "sol.py\n```python\n<<<<<<< SEARCH\n    return 0\n=======\n    return a - b\n>>>>>>> REPLACE\n```"
+    right = "sol.py\n```python\n<<<<<<< SEARCH\n    return a - b\n=======\n    return a + b\n>>>>>>> REPLACE\n```"
+    ep, turns, pol = _run(tok, "aider-like", [wrong, right, "unused"], task, SandboxConfig(wall_s=20))
+    assert (ep["status"], ep["reward"], ep["num_turns"]) == ("ok", 1.0, 2)
+    assert turns[0]["observation"].startswith("The checks failed:") and "assert -1 == 5" in turns[0]["observation"]
+    assert json.loads(turns[0]["action"])["reflect"]["exit_code"] != 0
+    assert json.loads(turns[1]["action"])["reflect"] == {"status": "ok", "exit_code": 0}
+    # aider shows the files in the first prompt, with a read span per file
+    assert "def add(a, b):" in _decoded_prompts(tok, pol)[0]
+    spans = json.loads(turns[0]["read_spans"])
+    assert [s.get("path") for s in spans if s["source"] == "file"] == ["sol.py", "test_sol.py"]
+    assert [s["tool"] for s in spans if s["source"] == "tool_output"] == ["reflect"]
+
+
+def test_failed_setup_is_an_infra_error_not_a_zero(tok):
+    task = _task({}, "x", setup=["exit 3"])
+    ep, turns, _ = _run(tok, "openhands-like", ["```bash\ntrue\n```"], task)
+    assert ep["status"] == "infra_error" and ep["success"] is False and turns == []
+
+
+def test_context_budget_and_observation_truncation(tok, tmp_path):
+    import yaml
+
+    from tasks.harnesses.spec import SPEC_DIR
+
+    data = yaml.safe_load(open(SPEC_DIR / "openhands-like.yaml"))
+    data["context"] = {"observation_max_chars": 40, "truncation": "tail", "max_context_tokens": 900}
+    data.update(name="oh-small", max_turns=40)
+    p = tmp_path / "oh-small.yaml"
+    p.write_text(yaml.safe_dump(data))
+    task = _task({}, "x")
+    pol = ScriptedPolicy(tok, ["```bash\nseq 1 500\n```"])
+    eps, turns = run_episodes(pol, load_harness(p), [EpisodeJob("ep", {}, task, 0, 0)], SandboxConfig(), seed=0)
+    obs = turns[0]["observation"]
+    assert obs.endswith("500") and "characters cut]" in obs and "\n1\n" not in obs
+    last = turns[-1]
+    assert json.loads(last["action"]).get("context_limit") is True
+    assert 2 < len(turns) < 40 and eps[0]["status"] == "ok"
+    # every prompt stayed within the budget with room for a full reply
+    assert all(len(t["prompt_token_ids"]) + 192 <= 900 for t in turns)
