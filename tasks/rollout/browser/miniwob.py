@@ -29,7 +29,8 @@ Choices (and why):
   click and focus). ``type(ref, text)`` replaces the element's content as a user would: it clicks
   the element, presses Ctrl+A, then types ``text`` key by key (``TYPE_TEXT``); a newline in
   ``text`` presses Enter.
-* **One browser per session.** Starting Chromium costs ~1 s; a reset on an open page ~0.05 s.
+* **One browser per session.** Starting Chromium costs ~1.5 s (2 busy cores), a reset on an open
+  page ~0.05 s, a click ~0.02 s, a type ~0.06 s, close ~0.4 s (``benchmarks/miniwob_session.py``).
   Resets on an open page are clean for the deterministic tasks once the focus is dropped (which
   each episode start does: the page keeps some elements, e.g. a focused Submit button, across
   episodes): the same rendering for a seed as a fresh browser (tested), which :func:`tasks.records.suites.miniwob.load` uses to read many
