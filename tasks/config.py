@@ -31,10 +31,12 @@ class SuiteConfig(_Strict):
 
     ``source`` selects the loader under ``tasks/records/suites/``; ``name`` is the suite's dataset
     name there (for reasoning-gym: ``basic_arithmetic``, ``gsm_symbolic``, ...); ``size`` tasks are
-    generated with ``seed``; ``params`` go to the generator unchanged.
+    generated with ``seed``; ``params`` go to the generator unchanged. For ``miniwob``: ``name`` is a
+    comma-separated list of MiniWoB++ env names or a preset (``basic``), ``size`` instances in
+    all, ``params`` must be empty (see ``tasks/records/suites/miniwob.py``).
     """
 
-    source: Literal["reasoning_gym"] = "reasoning_gym"
+    source: Literal["reasoning_gym", "miniwob"] = "reasoning_gym"
     name: str
     size: int = Field(gt=0, le=100_000)
     seed: int = 0
