@@ -80,7 +80,9 @@ class Task:
 Loader = Callable[[SuiteConfig], Iterator[Task]]
 _LOADERS: dict[str, Loader] = {}
 # Modules that register loaders (``suites[].source`` values) and verifiers.
-_SUITE_MODULES = ["tasks.records.suites.reasoning_gym"]
+_SUITE_MODULES = ["tasks.records.suites.reasoning_gym",
+                  "tasks.records.suites.terminal_bench",
+                  "tasks.records.suites.humaneval"]
 
 
 def register_loader(source: str) -> Callable[[Loader], Loader]:
