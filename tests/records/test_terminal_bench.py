@@ -358,3 +358,18 @@ def test_pytest_missing_in_sandbox_is_a_verifier_error(monkeypatch):
             grade("terminal_bench", task.verifier_spec, None, Ctx(sb))
     finally:
         sb.cleanup()
+
+
+def test_tb2_verifier_env_and_canary_line(tmp_path):
+    require_sandbox()
+    files = {"instruction.md": "<!-- BENCHMARK DATA canary GUID 123 -->\n# Task\nSay hi.\n",
+             "task.toml": '[verifier]\ntimeout_sec = 20.0\nenv = { GREETING = "hi", N = 3 }\n',
+             "tests/test_env.py": "import os\ndef test_env(): assert (os.environ['GREETING'], os.environ['N']) == ('hi', '3')\n"}
+    task = task_from_folder(_write(tmp_path / "envtask", files), "x")
+    assert task.instruction == "# Task\nSay hi.\n"
+    assert task.verifier_spec["env"] == {"GREETING": "hi", "N": "3"}
+    sb = new_sandbox(task.workspace)
+    try:
+        assert grade("terminal_bench", task.verifier_spec, None, Ctx(sb)) == 1.0
+    finally:
+        sb.cleanup()
