@@ -373,3 +373,14 @@ def test_tb2_verifier_env_and_canary_line(tmp_path):
         assert grade("terminal_bench", task.verifier_spec, None, Ctx(sb)) == 1.0
     finally:
         sb.cleanup()
+
+
+def test_oracle_reading_solution_mount_is_refused_clearly(tmp_path):
+    files = {"instruction.md": "x\n", "task.toml": "", "tests/test_a.py": "def test_a(): pass\n",
+             "solution/solve.sh": "cp /solution/answer.py /app/\n", "solution/answer.py": "x = 1\n"}
+    task = task_from_folder(_write(tmp_path / "sol", files), "x")
+    assert set(task.verifier_spec["oracle"]["files_b64"]) == {"solve.sh", "answer.py"}
+    with pytest.raises(ValueError, match="absolute /solution or /oracle path"):
+        run_oracle(task.verifier_spec, sandbox=None)
+    with pytest.raises(ValueError, match="no Exercism reference"):
+        run_oracle(task.verifier_spec, sandbox=None, method="exercism")

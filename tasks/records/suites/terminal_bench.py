@@ -43,6 +43,10 @@ exceeds the task's test timeout, or whose process dies (the agent's code calling
 a resource limit), scores 0 passed -- Terminal-Bench likewise fails a trial whose tests time out.
 :class:`~tasks.records.verifiers.VerifierError` is raised when the verifier itself cannot run
 (no sandbox, pytest missing in the sandbox, the sandbox failing, pytest's usage/internal error).
+Known limit (as in Terminal-Bench, where tests run in the agent's container): the code under test
+runs in the same Python process as the runner, so code written to defeat this runner could read its
+token; a ``conftest.py``/``pytest.ini`` left in /app, an early ``os._exit`` or flooding the output
+do not turn failed checks into passes.
 
 Exercism tasks (the aider-polyglot adapter: ``tests/.meta/config.json`` with ``files.test``):
 their tests import the module from the current directory, so those test files are copied to
@@ -148,6 +152,11 @@ def task_from_folder(folder: Path, suite_tag: str) -> Task:
     """One :class:`Task` from a TB1 or TB2 task folder (see the module docstring).
 
     ``task_id`` = ``<suite_tag>/<folder name>``, ``suite`` = ``terminal_bench/<suite_tag>``.
+    ``verifier_spec``: ``format`` (tb1|tb2), ``task`` (folder name), ``timeout_s`` (test wall
+    seconds), ``env`` (TB2 ``[verifier].env``), ``tests`` / ``tests_b64`` (every file of ``tests/``,
+    text or base64), ``run`` (``[{"src": path in tests/, "at": None or the /app-relative path an
+    Exercism test is copied to, "expected": static test count}]``) and ``oracle`` (None or
+    ``{"entry", "files_b64", "app_files_b64", "env"}`` plus ``"exercism": {"from", "to"}``).
 
     Raises:
         TaskFormatError: the folder breaks the format (the message names the folder and field).
@@ -622,10 +631,11 @@ def run_oracle(spec: dict[str, Any], sandbox: "Sandbox", *, method: str = "auto"
     ``method``: ``script`` (solution.sh / solution/solve.sh run with bash in /app, TB1's
     ``workspace/.oracle`` files put back in /app first), ``exercism`` (copy the Exercism
     ``.meta/example.py`` to the solution module), or ``auto`` (``exercism`` when the task has it --
-    it needs no tools -- else ``script``).
+    it needs no tools -- else ``script``). ``timeout_s``: wall seconds for the script.
 
     Raises:
-        ValueError: the task has no oracle of that method.
+        ValueError: the task has no oracle of that method, or its script reads /solution or
+            /oracle paths (Harbor mounts the solution folder there; the sandbox has no such path).
         RuntimeError: the oracle script failed (the message has its output).
     """
     oracle = spec.get("oracle") or {}
@@ -639,6 +649,10 @@ def run_oracle(spec: dict[str, Any], sandbox: "Sandbox", *, method: str = "auto"
         return
     if method != "script" or "entry" not in oracle:
         raise ValueError(f"terminal-bench task {spec['task']}: no oracle of method {method!r}")
+    script = base64.b64decode(oracle["files_b64"][oracle["entry"]]).decode("utf-8", "replace")
+    if _ABS_SOLUTION_RE.search(script):
+        raise ValueError(f"terminal-bench task {spec['task']}: oracle {oracle['entry']} reads files from an "
+                         "absolute /solution or /oracle path, which the sandbox does not have")
     prog = _ORACLE % {"spec": json.dumps({k: oracle[k] for k in ("entry", "files_b64", "app_files_b64", "env")})}
     res = sandbox.exec(["python3", "-s", "-P", "-"], stdin=prog, timeout_s=timeout_s)
     if res.status != "ok":
