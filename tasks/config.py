@@ -31,12 +31,14 @@ class SuiteConfig(_Strict):
 
     ``source`` selects the loader under ``tasks/records/suites/``; ``name`` is the suite's dataset
     name there (for reasoning-gym: ``basic_arithmetic``, ``gsm_symbolic``, ...); ``size`` tasks are
-    generated with ``seed``; ``params`` go to the generator unchanged. For ``miniwob``: ``name`` is a
-    comma-separated list of MiniWoB++ env names or a preset (``basic``), ``size`` instances in
-    all, ``params`` must be empty (see ``tasks/records/suites/miniwob.py``).
+    generated with ``seed``; ``params`` go to the generator unchanged. ``terminal_bench``: ``name``
+    is a folder of task folders or ``builtin``; ``humaneval``: ``name`` is ``HumanEval``; for both
+    ``size`` caps the count. ``miniwob``: ``name`` is a comma-separated list of MiniWoB++ env names
+    or a preset (``basic``), ``size`` instances in all, ``params`` must be empty (see each source's
+    module under ``tasks/records/suites/``).
     """
 
-    source: Literal["reasoning_gym", "miniwob"] = "reasoning_gym"
+    source: Literal["reasoning_gym", "terminal_bench", "humaneval", "miniwob"] = "reasoning_gym"
     name: str
     size: int = Field(gt=0, le=100_000)
     seed: int = 0

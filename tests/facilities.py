@@ -1,10 +1,6 @@
-"""System facilities that some tests need (docker daemon, chromium, ...): one place that decides
-between skipping and failing.
-
-Locally a missing facility SKIPs the test with the reason; under CI (``HARNESSRL_CI=1``, set by
-``.ci/run``, which installs every facility first) it FAILs, so a broken install cannot pass as
-skipped tests.
-"""
+"""Tests that need a system facility (docker daemon, bubblewrap, chromium, ...) call
+:func:`require`: SKIP with the reason when it is missing locally, FAIL when ``HARNESSRL_CI=1``
+(CI installs every facility in ``.ci/run``, so a missing one there is a broken setup)."""
 
 from __future__ import annotations
 
@@ -15,29 +11,62 @@ import pytest
 
 
 def in_ci() -> bool:
-    """True when ``HARNESSRL_CI=1`` (CI must have every facility)."""
+    """True when the environment variable ``HARNESSRL_CI`` is ``1``."""
     return os.environ.get("HARNESSRL_CI") == "1"
 
 
-def require(facility: str, available: bool, how_to_get: str) -> None:
-    """Skip (locally) or fail (under ``HARNESSRL_CI=1``) the calling test unless ``available``.
-
-    Args:
-        facility: what is needed, for the message (``"chromium + chromedriver"``).
-        available: whether it is there.
-        how_to_get: how to install it (``"run scripts/setup-chromium.sh"``).
-    """
-    if available:
+def require(facility: str, reason: str | None) -> None:
+    """Skip (locally) or fail (CI) the calling test when ``reason`` is not None: ``reason`` says
+    why ``facility`` is unusable and how to get it."""
+    if reason is None:
         return
-    msg = f"{facility} not available ({how_to_get})"
+    msg = f"{facility} unavailable: {reason}"
     if in_ci():
-        pytest.fail(f"{msg}; HARNESSRL_CI=1 requires it")
+        pytest.fail(f"{msg} (HARNESSRL_CI=1: CI must provide it)", pytrace=False)
     pytest.skip(msg)
 
 
-def require_chromium() -> None:
-    """Headless Chromium and its driver (MiniWoB++ browser tasks)."""
+def bwrap_missing() -> str | None:
+    """None when bubblewrap is installed, else why not."""
+    return None if shutil.which("bwrap") else "the 'bwrap' binary is not installed (apt-get install bubblewrap)"
+
+
+def docker_missing() -> str | None:
+    """None when a docker daemon answers and the sandbox image for this checkout is built, else
+    why not (cached per process)."""
+    global _docker_reason
+    if _docker_reason is not _UNSET:
+        return _docker_reason
+    try:
+        import docker
+
+        from tasks.rollout.sandbox.image import docker_client, image_tag
+
+        client = docker_client(None)
+        tag = image_tag()
+        try:
+            client.images.get(tag)
+            _docker_reason = None
+        except docker.errors.ImageNotFound:
+            _docker_reason = f"sandbox image {tag} is not built (run scripts/setup-docker.sh)"
+    except Exception as e:  # noqa: BLE001 - any failure means: no usable daemon
+        _docker_reason = f"no docker daemon answers ({type(e).__name__}: {e}); run scripts/setup-docker.sh as root"
+    return _docker_reason
+
+
+_UNSET = object()
+_docker_reason: object = _UNSET
+
+
+def chromium_missing() -> str | None:
+    """None when headless Chromium and its driver are installed (MiniWoB++ browser tasks)."""
     chrome = os.environ.get("MINIWOB_CHROME_BINARY") or shutil.which("chromium")
     driver = os.environ.get("MINIWOB_CHROMEDRIVER") or shutil.which("chromedriver")
-    ok = bool(chrome and driver and os.path.exists(chrome) and os.path.exists(driver))
-    require("chromium + chromedriver", ok, "run scripts/setup-chromium.sh")
+    if chrome and driver and os.path.exists(chrome) and os.path.exists(driver):
+        return None
+    return "chromium + chromedriver are not installed (run scripts/setup-chromium.sh)"
+
+
+def require_chromium() -> None:
+    """Skip (locally) or fail (CI) unless Chromium and its driver are installed."""
+    require("chromium", chromium_missing())

@@ -80,8 +80,10 @@ class Task:
 Loader = Callable[[SuiteConfig], Iterator[Task]]
 _LOADERS: dict[str, Loader] = {}
 # Modules that register loaders (``suites[].source`` values) and verifiers.
-_SUITE_MODULES = ["tasks.records.suites.reasoning_gym"]
-_SUITE_MODULES.append("tasks.records.suites.miniwob")
+_SUITE_MODULES = ["tasks.records.suites.reasoning_gym",
+                  "tasks.records.suites.terminal_bench",
+                  "tasks.records.suites.humaneval",
+                  "tasks.records.suites.miniwob"]
 
 
 def register_loader(source: str) -> Callable[[Loader], Loader]:

@@ -1,0 +1,660 @@
+"""Terminal-Bench tasks (instruction, set-up, hidden pytest tests), graded in the episode's sandbox.
+
+``suites[].source: terminal_bench``; ``suites[].name`` is a folder of task folders (one task per
+sub-folder, sorted by name) or ``builtin`` for ours in ``tasks/records/suites/terminal/``;
+``size`` caps the count (the first ``size`` task folders by name). Two on-disk layouts are read:
+
+TB1 (Terminal-Bench 1, ``terminal-bench`` repo)::
+
+    task.yaml       instruction, parser_name, max_agent_timeout_sec, max_test_timeout_sec,
+                    run_tests_in_same_shell, difficulty, category, tags, ... (metadata)
+    tests/          pytest files (test_*.py / *_test.py) and anything they read
+    solution.sh     the reference solution (oracle), run with bash in /app
+    workspace/      optional: the files of /app (Dockerfile ``COPY workspace/ ./``)
+    Dockerfile, docker-compose.yaml, run-tests.sh   ignored (no images are pulled; see below)
+
+TB2 / Harbor (Terminal-Bench 2)::
+
+    instruction.md  the instruction (leading canary comment lines are dropped)
+    task.toml       [metadata] ..., [verifier] timeout_sec, env; [agent] timeout_sec;
+                    [environment] cpus, memory_mb, gpus, allow_internet, docker_image, ...;
+                    [solution] env
+    tests/          test.sh (ignored) and the pytest files it runs
+    solution/       solve.sh (the oracle) and the files it uses
+    environment/    Dockerfile (ignored) and the files of its build context, copied to /app
+
+What the agent sees (``Task.instruction`` and ``Task.workspace``): the instruction and the
+workspace files (TB1 ``workspace/``, TB2 ``environment/`` minus ``Dockerfile`` and
+``docker-compose.y*ml``). Neither layout has set-up commands outside its Dockerfile, and the
+Dockerfile is not run, so ``workspace["setup"]`` is always empty. Hidden (``verifier_spec`` only):
+every file under ``tests/``, the solution, and TB1's ``workspace/.oracle/`` (the polyglot
+adapter's encrypted reference solution).
+
+Grading (verifier ``terminal_bench``), after the agent has finished, in its sandbox: one command
+``python3 -s -P -`` whose program arrives on stdin (so nothing hidden touches the work dir before
+it runs) writes the test files into a fresh ``mkdtemp`` folder under /tmp, copies Exercism test
+files next to the module in /app (see below), and runs pytest in-process with a collecting
+plugin; it prints one result line marked with a random per-grading token. The reward is the
+fraction of checks passed: ``sum(passed) / sum(total)`` over the test files, where a test passes
+when its setup, call and teardown all pass (skipped and xfailed tests count as not passed), and a
+file's ``total`` is ``max(collected tests, static count)`` (the static count, from the file's
+syntax tree, is what a file that fails to import counts as: 0 passed out of it). A test run that
+exceeds the task's test timeout, or whose process dies (the agent's code calling ``os._exit``,
+a resource limit), scores 0 passed -- Terminal-Bench likewise fails a trial whose tests time out.
+:class:`~tasks.records.verifiers.VerifierError` is raised when the verifier itself cannot run
+(no sandbox, pytest missing in the sandbox, the sandbox failing, pytest's usage/internal error).
+Known limit (as in Terminal-Bench, where tests run in the agent's container): the code under test
+runs in the same Python process as the runner, so code written to defeat this runner could read its
+token; a ``conftest.py``/``pytest.ini`` left in /app, an early ``os._exit`` or flooding the output
+do not turn failed checks into passes.
+
+Exercism tasks (the aider-polyglot adapter: ``tests/.meta/config.json`` with ``files.test``):
+their tests import the module from the current directory, so those test files are copied to
+``/app/<path>`` (next to the module) before pytest runs, as the task's run-tests.sh does.
+
+Refused, with a :class:`TaskFormatError` naming the task folder and the field: a folder that is
+neither layout; a missing or empty instruction; ``parser_name`` other than ``pytest``;
+``run_tests_in_same_shell: true`` (needs the agent's live shell); non-positive timeouts; TB2
+multi-step tasks (``steps/``), ``environment/docker-compose.yaml`` (several containers) and
+``[environment] gpus > 0``; a ``tests/`` without pytest files (``test.sh``-only verifiers install
+their tools over the network); a test file that is not valid Python or refers to the absolute
+paths ``/tests`` / ``$TEST_DIR`` (tests live in a temporary folder here); a workspace file that is
+not UTF-8 text, is a symbolic link, or a workspace over ``MAX_WORKSPACE_BYTES``.
+Not supported but not refused (documented limits): Dockerfile ``RUN`` steps (packages the image
+would install are not there: the sandbox has the host's /usr), ``solution.yaml`` oracles, and
+solution scripts that read ``/solution``/``/oracle`` paths.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import re
+import secrets
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import yaml
+
+from tasks.config import SuiteConfig
+from tasks.records.suites.base import Task, register_loader
+from tasks.records.verifiers import GradeContext, VerifierError, register_verifier
+
+if TYPE_CHECKING:
+    from tasks.rollout.sandbox import Sandbox
+
+SOURCE = "terminal_bench"
+VERIFIER_KIND = "terminal_bench"
+BUILTIN = "builtin"
+BUILTIN_DIR = Path(__file__).resolve().parent / "terminal"
+MAX_WORKSPACE_BYTES = 2_000_000  # bytes of workspace text per task
+TB1_DEFAULT_TEST_TIMEOUT_S = 60.0  # terminal-bench's Task.max_test_timeout_sec default
+TB1_DEFAULT_AGENT_TIMEOUT_S = 360.0  # terminal-bench's Task.max_agent_timeout_sec default
+TB2_DEFAULT_TIMEOUT_S = 600.0  # harbor's VerifierConfig / AgentConfig timeout_sec default
+RESULT_MARK = "HARNESSRL-TB-RESULT"
+READY_MARK = "HARNESSRL-TB-READY"
+
+_DOCKER_FILES = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml"}
+_ABS_TESTS_RE = re.compile(r"(?<![\w.~/-])/tests\b|\$\{?TEST_DIR\b")
+_ABS_SOLUTION_RE = re.compile(r"(?<![\w.~/-])/(solution|oracle)\b")
+
+
+class TaskFormatError(ValueError):
+    """A task folder that cannot be loaded; the message names the folder and the field."""
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    fmt: str
+    instruction: str
+    workspace: dict[str, str]
+    tests: dict[str, bytes]  # path relative to tests/ -> bytes
+    run: list[dict[str, Any]]  # {"src": rel path in tests/, "at": None | /app-relative path, "expected": int}
+    oracle: dict[str, Any] | None
+    timeout_s: float
+    env: dict[str, str]
+    metadata: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------------------------
+# loader
+
+
+@register_loader(SOURCE)
+def load(cfg: SuiteConfig) -> Iterator[Task]:
+    """Yield the first ``cfg.size`` tasks (by folder name) of the task folder ``cfg.name``.
+
+    ``cfg.name``: ``builtin`` (this package's ``terminal/``) or a folder path whose sub-folders are
+    task folders (hidden sub-folders are skipped; files such as ``MANIFEST.tsv`` are ignored).
+    ``cfg.params`` must be empty; ``cfg.seed`` is unused (nothing is random).
+
+    Raises:
+        ValueError: the folder does not exist or holds no task folder; non-empty ``params``.
+        TaskFormatError: a task folder (among the first ``size``) that breaks the format.
+    """
+    if cfg.params:
+        raise ValueError(f"suites[].params={cfg.params!r}: source terminal_bench takes no params")
+    root = BUILTIN_DIR if cfg.name == BUILTIN else Path(cfg.name).expanduser()
+    if not root.is_dir():
+        raise ValueError(f"suites[].name={cfg.name!r}: no such folder of Terminal-Bench tasks ({root})")
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not folders:
+        raise ValueError(f"suites[].name={cfg.name!r}: folder {root} holds no task folders")
+    tag = BUILTIN if cfg.name == BUILTIN else root.resolve().name
+    for folder in folders[: cfg.size]:
+        yield task_from_folder(folder, tag)
+
+
+def task_from_folder(folder: Path, suite_tag: str) -> Task:
+    """One :class:`Task` from a TB1 or TB2 task folder (see the module docstring).
+
+    ``task_id`` = ``<suite_tag>/<folder name>``, ``suite`` = ``terminal_bench/<suite_tag>``.
+    ``verifier_spec``: ``format`` (tb1|tb2), ``task`` (folder name), ``timeout_s`` (test wall
+    seconds), ``env`` (TB2 ``[verifier].env``), ``tests`` / ``tests_b64`` (every file of ``tests/``,
+    text or base64), ``run`` (``[{"src": path in tests/, "at": None or the /app-relative path an
+    Exercism test is copied to, "expected": static test count}]``) and ``oracle`` (None or
+    ``{"entry", "files_b64", "app_files_b64", "env"}`` plus ``"exercism": {"from", "to"}``).
+
+    Raises:
+        TaskFormatError: the folder breaks the format (the message names the folder and field).
+    """
+    p = _parse(folder)
+    tests_text: dict[str, str] = {}
+    tests_b64: dict[str, str] = {}
+    for rel, data in sorted(p.tests.items()):
+        try:
+            tests_text[rel] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            tests_b64[rel] = base64.b64encode(data).decode("ascii")
+    spec = {
+        "format": p.fmt, "task": folder.name, "timeout_s": p.timeout_s, "env": p.env,
+        "tests": tests_text, "tests_b64": tests_b64, "run": p.run, "oracle": p.oracle,
+    }
+    return Task(
+        task_id=f"{suite_tag}/{folder.name}",
+        suite=f"{SOURCE}/{suite_tag}",
+        instruction=p.instruction,
+        verifier_kind=VERIFIER_KIND,
+        verifier_spec=spec,
+        metadata=p.metadata,
+        environment="workspace",
+        workspace={"files": p.workspace, "setup": []},
+    )
+
+
+def _err(folder: Path, field: str, msg: str) -> TaskFormatError:
+    return TaskFormatError(f"terminal-bench task {folder}: {field}: {msg}")
+
+
+def _parse(folder: Path) -> _Parsed:
+    if (folder / "task.yaml").is_file():
+        return _parse_tb1(folder)
+    if (folder / "task.toml").is_file() or (folder / "instruction.md").is_file():
+        return _parse_tb2(folder)
+    raise _err(folder, "layout", "neither TB1 (task.yaml) nor TB2/Harbor (instruction.md + task.toml)")
+
+
+def _timeout(folder: Path, field: str, value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise _err(folder, field, f"{value!r} is not a positive number of seconds")
+    return float(value)
+
+
+def _parse_tb1(folder: Path) -> _Parsed:
+    try:
+        cfg = yaml.safe_load((folder / "task.yaml").read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise _err(folder, "task.yaml", f"not valid YAML: {e}") from None
+    if not isinstance(cfg, dict):
+        raise _err(folder, "task.yaml", f"top level is {type(cfg).__name__}, expected a mapping")
+    instruction = cfg.get("instruction")
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise _err(folder, "task.yaml:instruction", "missing or empty")
+    parser = cfg.get("parser_name", "pytest")
+    if parser != "pytest":
+        raise _err(folder, "task.yaml:parser_name", f"{parser!r} is not supported (only 'pytest')")
+    if cfg.get("run_tests_in_same_shell", False) is True:
+        raise _err(folder, "task.yaml:run_tests_in_same_shell",
+                   "true is not supported: the tests would need the agent's live shell session")
+    test_timeout = _timeout(folder, "task.yaml:max_test_timeout_sec", cfg.get("max_test_timeout_sec"),
+                            TB1_DEFAULT_TEST_TIMEOUT_S)
+    agent_timeout = _timeout(folder, "task.yaml:max_agent_timeout_sec", cfg.get("max_agent_timeout_sec"),
+                             TB1_DEFAULT_AGENT_TIMEOUT_S)
+    ws_dir = folder / "workspace"
+    workspace = _read_workspace(folder, ws_dir, exclude_top={".oracle"}) if ws_dir.is_dir() else {}
+    tests, run = _read_tests(folder)
+    oracle = None
+    if (folder / "solution.sh").is_file():
+        files = {"solution.sh": (folder / "solution.sh").read_bytes()}
+        oracle_dir = ws_dir / ".oracle"
+        app_files = _read_tree(folder, oracle_dir, ".oracle") if oracle_dir.is_dir() else {}
+        oracle = _oracle_spec("solution.sh", files, app_files, {})
+    oracle = _with_exercism(folder, oracle)
+    meta = {k: cfg[k] for k in ("difficulty", "category", "tags", "author_name") if k in cfg}
+    meta.update(format="tb1", task_folder=folder.name, agent_timeout_s=agent_timeout, test_timeout_s=test_timeout,
+                dockerfile_ignored=(folder / "Dockerfile").is_file())
+    return _Parsed("tb1", instruction, workspace, tests, run, oracle, test_timeout, {}, _jsonable(meta))
+
+
+def _strip_canary(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    while lines and "canary" in lines[0].lower() and lines[0].lstrip().startswith(("#", "<!--")):
+        lines.pop(0)
+    return "".join(lines).strip("\n") + "\n"
+
+
+def _env_table(folder: Path, field: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float))
+                                              and not isinstance(v, bool) for k, v in value.items()):
+        raise _err(folder, field, f"{value!r} is not a table of string values")
+    return {k: str(v) for k, v in sorted(value.items())}
+
+
+def _parse_tb2(folder: Path) -> _Parsed:
+    if not (folder / "instruction.md").is_file():
+        raise _err(folder, "instruction.md", "missing (a TB2/Harbor task needs instruction.md and task.toml)")
+    if not (folder / "task.toml").is_file():
+        raise _err(folder, "task.toml", "missing (a TB2/Harbor task needs instruction.md and task.toml)")
+    if (folder / "steps").is_dir():
+        raise _err(folder, "steps/", "multi-step tasks are not supported")
+    try:
+        cfg = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise _err(folder, "task.toml", f"not valid TOML: {e}") from None
+    instruction = _strip_canary((folder / "instruction.md").read_text(encoding="utf-8"))
+    if not instruction.strip():
+        raise _err(folder, "instruction.md", "empty")
+    sections = {}
+    for name in ("metadata", "verifier", "agent", "environment", "solution", "task"):
+        sec = cfg.get(name, {})
+        if not isinstance(sec, dict):
+            raise _err(folder, f"task.toml:[{name}]", f"{sec!r} is not a table")
+        sections[name] = sec
+    ver, agent, env_sec = sections["verifier"], sections["agent"], sections["environment"]
+    timeout = _timeout(folder, "task.toml:[verifier].timeout_sec", ver.get("timeout_sec"), TB2_DEFAULT_TIMEOUT_S)
+    agent_timeout = _timeout(folder, "task.toml:[agent].timeout_sec", agent.get("timeout_sec"), TB2_DEFAULT_TIMEOUT_S)
+    gpus = env_sec.get("gpus", 0)
+    if gpus not in (0, None):
+        raise _err(folder, "task.toml:[environment].gpus", f"{gpus!r}: tasks that need a GPU are not supported")
+    env = _env_table(folder, "task.toml:[verifier].env", ver.get("env"))
+    solution_env = _env_table(folder, "task.toml:[solution].env", sections["solution"].get("env"))
+    env_dir = folder / "environment"
+    for name in ("docker-compose.yaml", "docker-compose.yml"):
+        if (env_dir / name).is_file():
+            raise _err(folder, f"environment/{name}", "multi-container tasks are not supported")
+    workspace = _read_workspace(folder, env_dir, exclude_top=_DOCKER_FILES) if env_dir.is_dir() else {}
+    tests, run = _read_tests(folder)
+    sol_dir = folder / "solution"
+    oracle = None
+    if (sol_dir / "solve.sh").is_file():
+        oracle = _oracle_spec("solve.sh", _read_tree(folder, sol_dir, ""), {}, solution_env)
+    oracle = _with_exercism(folder, oracle)
+    meta = dict(sections["metadata"])
+    if sections["task"]:
+        meta["task"] = sections["task"]
+    meta.update(format="tb2", task_folder=folder.name, agent_timeout_s=agent_timeout, test_timeout_s=timeout,
+                dockerfile_ignored=(env_dir / "Dockerfile").is_file(),
+                allow_internet=bool(env_sec.get("allow_internet", True)))
+    return _Parsed("tb2", instruction, workspace, tests, run, oracle, timeout, env, _jsonable(meta))
+
+
+def _read_tree(folder: Path, base: Path, prefix: str) -> dict[str, bytes]:
+    """Every regular file under ``base`` as ``{prefix/relative path: bytes}``, sorted."""
+    out: dict[str, bytes] = {}
+    for f in sorted(base.rglob("*")):
+        rel = f.relative_to(base).as_posix()
+        field = f"{base.relative_to(folder).as_posix()}/{rel}"
+        if f.is_symlink():
+            raise _err(folder, field, "symbolic links are not supported")
+        if f.is_file():
+            out[f"{prefix}/{rel}" if prefix else rel] = f.read_bytes()
+    return out
+
+
+def _read_workspace(folder: Path, base: Path, exclude_top: set[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    total = 0
+    for rel, data in _read_tree(folder, base, "").items():
+        if rel.split("/", 1)[0] in exclude_top:
+            continue
+        field = f"{base.relative_to(folder).as_posix()}/{rel}"
+        try:
+            out[rel] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _err(folder, field, "workspace files must be UTF-8 text") from None
+        total += len(data)
+        if total > MAX_WORKSPACE_BYTES:
+            raise _err(folder, base.name + "/", f"workspace over {MAX_WORKSPACE_BYTES} bytes")
+    return out
+
+
+def _is_pytest_file(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")) \
+        and "/.meta/" not in f"/{rel}"
+
+
+def _read_tests(folder: Path) -> tuple[dict[str, bytes], list[dict[str, Any]]]:
+    tests_dir = folder / "tests"
+    if not tests_dir.is_dir():
+        raise _err(folder, "tests/", "missing")
+    tests = _read_tree(folder, tests_dir, "")
+    exercism_at: dict[str, str] = {}
+    cfg_path = tests_dir / ".meta" / "config.json"
+    if cfg_path.is_file():
+        try:
+            ex_files = json.loads(cfg_path.read_text(encoding="utf-8")).get("files", {})
+        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as e:
+            raise _err(folder, "tests/.meta/config.json", f"not a valid Exercism config: {e}") from None
+        for path in ex_files.get("test", []) if isinstance(ex_files, dict) else []:
+            if not isinstance(path, str) or path.startswith("/") or ".." in Path(path).parts:
+                raise _err(folder, "tests/.meta/config.json:files.test", f"{path!r} is not a relative path")
+            if path not in tests:
+                raise _err(folder, "tests/.meta/config.json:files.test", f"{path!r} is not in tests/")
+            exercism_at[path] = path
+    run = []
+    for rel in sorted(tests):
+        if not (_is_pytest_file(rel) or rel in exercism_at):
+            continue
+        field = f"tests/{rel}"
+        try:
+            src = tests[rel].decode("utf-8")
+            tree = ast.parse(src, filename=field)
+        except (UnicodeDecodeError, SyntaxError) as e:
+            raise _err(folder, field, f"not valid Python: {e}") from None
+        if _ABS_TESTS_RE.search(src):
+            raise _err(folder, field, "refers to the absolute path /tests ($TEST_DIR); tests run from a "
+                                      "temporary folder here, so such tests are not supported")
+        run.append({"src": rel, "at": exercism_at.get(rel), "expected": static_test_count(tree)})
+    if not run:
+        others = ", ".join(sorted(tests)) or "nothing"
+        raise _err(folder, "tests/", f"no pytest files (test_*.py, *_test.py); found {others}. test.sh-only "
+                                     "verifiers are not supported (they install tools over the network)")
+    return tests, run
+
+
+def _oracle_spec(entry: str, files: dict[str, bytes], app_files: dict[str, bytes],
+                 env: dict[str, str]) -> dict[str, Any]:
+    def enc(d: dict[str, bytes]) -> dict[str, str]:
+        return {k: base64.b64encode(v).decode("ascii") for k, v in sorted(d.items())}
+
+    return {"entry": entry, "files_b64": enc(files), "app_files_b64": enc(app_files), "env": env}
+
+
+def _with_exercism(folder: Path, oracle: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Add the Exercism reference (``files.example`` -> ``files.solution``) as an oracle alternative."""
+    cfg_path = folder / "tests" / ".meta" / "config.json"
+    if not cfg_path.is_file():
+        return oracle
+    files = json.loads(cfg_path.read_text(encoding="utf-8")).get("files", {})  # validated by _read_tests
+    example = files.get("example", []) if isinstance(files, dict) else []
+    solution = files.get("solution", []) if isinstance(files, dict) else []
+    if not (isinstance(example, list) and isinstance(solution, list) and len(example) == len(solution) == 1):
+        return oracle
+    src = folder / "tests" / example[0]
+    if not src.is_file():
+        raise _err(folder, "tests/.meta/config.json:files.example", f"{example[0]!r} is not in tests/")
+    out = dict(oracle or {})
+    out["exercism"] = {"from": example[0], "to": solution[0]}
+    return out
+
+
+def static_test_count(tree: ast.Module) -> int:
+    """Tests pytest would collect from a module, counted from its syntax tree (>= 1).
+
+    Module-level ``test*`` functions, ``test*`` methods of ``Test*`` classes without ``__init__``
+    and of classes whose base name ends in ``TestCase``; each multiplied by the length of every
+    ``@...parametrize(names, [literal list])`` decorator (a non-literal list counts as 1). The
+    floor of 1 makes a file that fails to import count as at least one failed check.
+    """
+
+    def mult(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+        m = 1
+        for d in fn.decorator_list:
+            if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "parametrize" \
+                    and len(d.args) >= 2 and isinstance(d.args[1], (ast.List, ast.Tuple)):
+                m *= max(1, len(d.args[1].elts))
+        return m
+
+    def count(body: list[ast.stmt], in_class: bool) -> int:
+        n = 0
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                n += mult(node)
+            elif isinstance(node, ast.ClassDef):
+                bases = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+                unittest_cls = any(b.endswith("TestCase") for b in bases)
+                has_init = any(isinstance(s, ast.FunctionDef) and s.name == "__init__" for s in node.body)
+                if unittest_cls or (node.name.startswith("Test") and not has_init):
+                    n += count(node.body, True)
+        return n
+
+    return max(1, count(tree.body, False))
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else str(obj)
+    return str(obj)
+
+
+# ----------------------------------------------------------------------------------------------
+# grading
+
+# The program the sandbox's python3 reads from stdin. It unpacks the hidden tests into a fresh
+# private folder, runs pytest in-process with a plugin that tallies every test, and writes one
+# result line, marked with a random token, to the original stdout (pytest's own output and
+# anything the code under test prints go to a log file instead, so the line is never cut off).
+_RUNNER = r'''
+import base64, json, os, shutil, sys, tempfile
+TOKEN = %(token)r
+SPEC = json.loads(%(spec)r)
+out_fd = os.dup(1)
+def emit(mark, obj):
+    os.write(out_fd, ("\n%%s %%s %%s\n" %% (mark, TOKEN, json.dumps(obj))).encode())
+try:
+    import pytest
+except Exception as e:
+    emit("HARNESSRL-TB-RESULT", {"error": "pytest is not importable in the sandbox: %%r" %% (e,)})
+    sys.exit(0)
+base = tempfile.mkdtemp(prefix="harnessrl-verify-")
+tdir = os.path.join(base, "tests")
+def put(path, data):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+for rel, text in SPEC["tests"].items():
+    put(os.path.join(tdir, rel), text.encode("utf-8"))
+for rel, b in SPEC["tests_b64"].items():
+    put(os.path.join(tdir, rel), base64.b64decode(b))
+paths = []
+for r in SPEC["run"]:
+    if r["at"]:
+        dst = os.path.join("/app", r["at"])
+        if os.path.islink(dst) or os.path.isfile(dst):
+            os.unlink(dst)
+        elif os.path.isdir(dst):
+            shutil.rmtree(dst)
+        shutil.copyfile(os.path.join(tdir, r["src"]), dst)
+        paths.append(os.path.realpath(dst))
+    else:
+        paths.append(os.path.realpath(os.path.join(tdir, r["src"])))
+ini = os.path.join(base, "pytest.ini")
+put(ini, b"[pytest]\n")
+for k, v in SPEC["env"].items():
+    os.environ[k] = v
+class Tally:
+    def __init__(self):
+        self.tests = {}
+        self.collect_errors = set()
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.collect_errors.add(os.path.realpath(os.path.join("/", report.nodeid.split("::")[0])))
+    def pytest_runtest_logreport(self, report):
+        key = report.nodeid
+        ok = self.tests.get(key, True)
+        self.tests[key] = ok and report.passed
+tally = Tally()
+log = open(os.path.join(base, "pytest.log"), "wb")
+os.dup2(log.fileno(), 1)
+os.dup2(log.fileno(), 2)
+emit("HARNESSRL-TB-READY", {})
+try:
+    rc = int(pytest.main(["-c", ini, "--rootdir=/", "--confcutdir=" + tdir, "-p", "no:cacheprovider",
+                          "--continue-on-collection-errors", "-q", *paths], plugins=[tally]))
+except BaseException as e:
+    rc = -1
+    tally.crash = repr(e)
+files = {p: {"passed": 0, "collected": 0, "collect_error": p in tally.collect_errors} for p in paths}
+other = {"passed": 0, "collected": 0}
+for nodeid, ok in tally.tests.items():
+    f = files.get(os.path.realpath(os.path.join("/", nodeid.split("::")[0])), other)
+    f["collected"] += 1
+    f["passed"] += int(ok)
+sys.stdout.flush()
+log.flush()
+with open(os.path.join(base, "pytest.log"), "rb") as f:
+    tail = f.read()[-2000:].decode("utf-8", "replace")
+emit("HARNESSRL-TB-RESULT", {"rc": rc, "files": [files[p] for p in paths], "other": other,
+                             "crash": getattr(tally, "crash", None), "log_tail": tail})
+os._exit(0)
+'''
+
+
+def _last_marked(stdout: str, mark: str, token: str) -> dict[str, Any] | None:
+    found = None
+    prefix = f"{mark} {token} "
+    for line in stdout.splitlines():
+        if line.startswith(prefix):
+            try:
+                found = json.loads(line[len(prefix):])
+            except json.JSONDecodeError:
+                continue
+    return found
+
+
+def run_tests(spec: dict[str, Any], sandbox: "Sandbox") -> dict[str, Any]:
+    """Run the task's hidden tests in ``sandbox`` (its work dir as the agent left it).
+
+    Returns ``{"passed": int, "total": int, "status": "ok" | "timeout" | "died", "files": [...]}``;
+    ``files`` has one ``{"src", "passed", "total", "collect_error"}`` per test file. A timeout or
+    a test process that died counts every test as failed (``passed = 0``).
+
+    Raises:
+        VerifierError: pytest missing in the sandbox, the runner failing before the tests start,
+            pytest's usage (4) or internal (3) error, or the sandbox itself failing.
+    """
+    from tasks.rollout.sandbox import SandboxError
+
+    token = secrets.token_hex(16)
+    program = _RUNNER % {"token": token, "spec": json.dumps(
+        {"tests": spec["tests"], "tests_b64": spec["tests_b64"], "run": spec["run"], "env": spec["env"]})}
+    try:
+        res = sandbox.exec(["python3", "-s", "-P", "-"], stdin=program, timeout_s=float(spec["timeout_s"]))
+    except SandboxError as e:
+        raise VerifierError(f"terminal-bench task {spec['task']}: the sandbox failed while the tests ran: {e}") from e
+    expected = [int(r["expected"]) for r in spec["run"]]
+    ready = _last_marked(res.stdout, READY_MARK, token)
+    result = _last_marked(res.stdout, RESULT_MARK, token)
+    if result is not None and "error" in result:
+        raise VerifierError(f"terminal-bench task {spec['task']}: {result['error']}")
+    if ready is None:
+        raise VerifierError(f"terminal-bench task {spec['task']}: the test runner did not start "
+                            f"(status {res.status}, exit {res.exit_code}): {res.combined_output()[-1500:]}")
+    zero = [{"src": r["src"], "passed": 0, "total": e, "collect_error": False} for r, e in zip(spec["run"], expected)]
+    if result is None:
+        status = "timeout" if res.status == "timeout" else "died"
+        return {"passed": 0, "total": sum(expected), "status": status, "files": zero}
+    if result["rc"] in (3, 4) or result["crash"]:
+        raise VerifierError(f"terminal-bench task {spec['task']}: pytest failed to run (exit {result['rc']}, "
+                            f"{result['crash']}): {result['log_tail'][-1500:]}")
+    files = []
+    for r, e, f in zip(spec["run"], expected, result["files"]):
+        if f["collect_error"]:
+            files.append({"src": r["src"], "passed": 0, "total": max(e, f["collected"], 1), "collect_error": True})
+        else:
+            files.append({"src": r["src"], "passed": f["passed"], "total": max(e, f["collected"]),
+                          "collect_error": False})
+    other = result["other"]
+    passed = sum(f["passed"] for f in files) + other["passed"]
+    total = sum(f["total"] for f in files) + other["collected"]
+    return {"passed": passed, "total": total, "status": "ok", "files": files}
+
+
+@register_verifier(VERIFIER_KIND)
+def grade_terminal_bench(spec: dict[str, Any], answer: str | None, ctx: GradeContext | None) -> float:
+    """Fraction of the hidden pytest checks that pass in the episode's sandbox (``answer`` unused:
+    the work dir is what is graded). Raises VerifierError without a sandbox; see :func:`run_tests`."""
+    if ctx is None:
+        raise VerifierError(f"verifier {VERIFIER_KIND!r} needs the episode's sandbox (ctx is None)")
+    r = run_tests(spec, ctx.sandbox())
+    return r["passed"] / r["total"] if r["total"] else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# oracle (our tests and dataset checks only; never part of an episode)
+
+_ORACLE = r'''
+import base64, json, os, subprocess, sys, tempfile
+SPEC = json.loads(%(spec)r)
+base = tempfile.mkdtemp(prefix="harnessrl-oracle-")
+def put(path, data):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+for rel, b in SPEC["app_files_b64"].items():
+    put(os.path.join("/app", rel), base64.b64decode(b))
+for rel, b in SPEC["files_b64"].items():
+    put(os.path.join(base, rel), base64.b64decode(b))
+env = dict(os.environ, **SPEC["env"])
+r = subprocess.run(["bash", os.path.join(base, SPEC["entry"])], cwd="/app", env=env)
+sys.exit(r.returncode)
+'''
+
+
+def run_oracle(spec: dict[str, Any], sandbox: "Sandbox", *, method: str = "auto", timeout_s: float = 60.0) -> None:
+    """Apply the task's reference solution to ``sandbox``'s work dir (for oracle checks only).
+
+    ``method``: ``script`` (solution.sh / solution/solve.sh run with bash in /app, TB1's
+    ``workspace/.oracle`` files put back in /app first), ``exercism`` (copy the Exercism
+    ``.meta/example.py`` to the solution module), or ``auto`` (``exercism`` when the task has it --
+    it needs no tools -- else ``script``). ``timeout_s``: wall seconds for the script.
+
+    Raises:
+        ValueError: the task has no oracle of that method, or its script reads /solution or
+            /oracle paths (Harbor mounts the solution folder there; the sandbox has no such path).
+        RuntimeError: the oracle script failed (the message has its output).
+    """
+    oracle = spec.get("oracle") or {}
+    if method == "auto":
+        method = "exercism" if "exercism" in oracle else "script"
+    if method == "exercism":
+        ex = oracle.get("exercism")
+        if ex is None:
+            raise ValueError(f"terminal-bench task {spec['task']}: no Exercism reference solution")
+        sandbox.write_file(ex["to"], spec["tests"][ex["from"]])
+        return
+    if method != "script" or "entry" not in oracle:
+        raise ValueError(f"terminal-bench task {spec['task']}: no oracle of method {method!r}")
+    script = base64.b64decode(oracle["files_b64"][oracle["entry"]]).decode("utf-8", "replace")
+    if _ABS_SOLUTION_RE.search(script):
+        raise ValueError(f"terminal-bench task {spec['task']}: oracle {oracle['entry']} reads files from an "
+                         "absolute /solution or /oracle path, which the sandbox does not have")
+    prog = _ORACLE % {"spec": json.dumps({k: oracle[k] for k in ("entry", "files_b64", "app_files_b64", "env")})}
+    res = sandbox.exec(["python3", "-s", "-P", "-"], stdin=prog, timeout_s=timeout_s)
+    if res.status != "ok":
+        raise RuntimeError(f"terminal-bench task {spec['task']}: oracle {oracle['entry']} {res.status} "
+                           f"(exit {res.exit_code}): {res.combined_output()[-2000:]}")
