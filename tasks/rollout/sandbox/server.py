@@ -61,7 +61,8 @@ LIMITS = CFG.get("limits", {})
 OUT_KEEP = int(CFG.get("out_keep", 4096))
 OUT_KILL = int(CFG.get("out_kill", 1 << 20))
 DISK_PATHS = CFG.get("disk_paths", [WORKDIR])
-TAIL = 4096  # bytes of each stream's end kept for status rules
+TAIL = max(4096, OUT_KEEP)  # bytes of each stream's end kept (status rules, the kept tail)
+CUT = b"\n...[output cut]...\n"
 MEM_WORDS = (b"MemoryError", b"Cannot allocate memory", b"bad_alloc", b"memory exhausted", b"out of memory")
 DISK_WORDS = (b"No space left on device", b"File too large", b"Disk quota exceeded")
 
@@ -221,6 +222,7 @@ def do_exec(req: dict) -> dict:
     sel = selectors.DefaultSelector()
     keep = {out_r: bytearray(), err_r: bytearray()}
     tails = {out_r: b"", err_r: b""}
+    sizes = {out_r: 0, err_r: 0}
     total = 0
     for fd in (out_r, err_r):
         os.set_blocking(fd, False)
@@ -258,6 +260,7 @@ def do_exec(req: dict) -> dict:
         if room > 0:
             keep[fd] += data[:room]
         tails[fd] = (tails[fd] + data)[-TAIL:]
+        sizes[fd] += len(data)
         total += len(data)
         return len(data)
 
@@ -323,7 +326,12 @@ def do_exec(req: dict) -> dict:
     code = None
     sig = None
     detail = ""
-    truncated = total > len(keep[out_r]) + len(keep[err_r])
+    truncated = False
+    for fd in (out_r, err_r):
+        if sizes[fd] > OUT_KEEP:  # keep the head and the tail (where errors are), OUT_KEEP bytes in all
+            truncated = True
+            head = (OUT_KEEP - len(CUT)) // 2
+            keep[fd] = keep[fd][:head] + CUT + tails[fd][-(OUT_KEEP - len(CUT) - head):]
     if exec_err:
         no, _, msg = exec_err.decode(errors="replace").partition(":")
         keep[err_r] += f"harnessrl-sandbox: cannot run {argv[0]!r}: {msg}\n".encode()
@@ -406,8 +414,11 @@ def do_write(req: dict) -> dict:
     dfd, name = _walk(req["path"], create=True)
     try:
         try:
-            if stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+            mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+            if stat.S_ISLNK(mode):
                 raise PathRefused(f"path {req['path']!r} is a symlink (refused)")
+            if not stat.S_ISREG(mode):
+                raise PathRefused(f"path {req['path']!r} is not a regular file")
         except FileNotFoundError:
             pass
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=dfd)
@@ -428,8 +439,11 @@ def do_read(req: dict) -> dict:
     limit = int(req["limit"])
     dfd, name = _walk(req["path"], create=False)
     try:
-        if stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+        mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+        if stat.S_ISLNK(mode):
             raise PathRefused(f"path {req['path']!r} is a symlink (refused)")
+        if not stat.S_ISREG(mode):
+            raise PathRefused(f"path {req['path']!r} is not a regular file")
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
     finally:
         os.close(dfd)

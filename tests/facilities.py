@@ -1,0 +1,58 @@
+"""Tests that need a system facility (docker daemon, bubblewrap, chromium, ...) call
+:func:`require`: SKIP with the reason when it is missing locally, FAIL when ``HARNESSRL_CI=1``
+(CI installs every facility in ``.ci/run``, so a missing one there is a broken setup)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+
+def in_ci() -> bool:
+    """True when the environment variable ``HARNESSRL_CI`` is ``1``."""
+    return os.environ.get("HARNESSRL_CI") == "1"
+
+
+def require(facility: str, reason: str | None) -> None:
+    """Skip (locally) or fail (CI) the calling test when ``reason`` is not None: ``reason`` says
+    why ``facility`` is unusable and how to get it."""
+    if reason is None:
+        return
+    msg = f"{facility} unavailable: {reason}"
+    if in_ci():
+        pytest.fail(f"{msg} (HARNESSRL_CI=1: CI must provide it)", pytrace=False)
+    pytest.skip(msg)
+
+
+def bwrap_missing() -> str | None:
+    """None when bubblewrap is installed, else why not."""
+    return None if shutil.which("bwrap") else "the 'bwrap' binary is not installed (apt-get install bubblewrap)"
+
+
+def docker_missing() -> str | None:
+    """None when a docker daemon answers and the sandbox image for this checkout is built, else
+    why not (cached per process)."""
+    global _docker_reason
+    if _docker_reason is not _UNSET:
+        return _docker_reason
+    try:
+        import docker
+
+        from tasks.rollout.sandbox.image import docker_client, image_tag
+
+        client = docker_client(None)
+        tag = image_tag()
+        try:
+            client.images.get(tag)
+            _docker_reason = None
+        except docker.errors.ImageNotFound:
+            _docker_reason = f"sandbox image {tag} is not built (run scripts/setup-docker.sh)"
+    except Exception as e:  # noqa: BLE001 - any failure means: no usable daemon
+        _docker_reason = f"no docker daemon answers ({type(e).__name__}: {e}); run scripts/setup-docker.sh as root"
+    return _docker_reason
+
+
+_UNSET = object()
+_docker_reason: object = _UNSET
