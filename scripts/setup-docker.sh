@@ -29,6 +29,16 @@ fi
 if ! docker info >/dev/null 2>&1; then
   echo "setup-docker: starting dockerd (state in $ROOT, log $ROOT/dockerd.log)"
   $SUDO mkdir -p "$ROOT/data" "$ROOT/exec"
+  # A pid file of ours: the daemon crashed (stale file) or is still shutting down (wait for it).
+  if [ -f "$ROOT/dockerd.pid" ]; then
+    old=$(cat "$ROOT/dockerd.pid")
+    for _ in $(seq 1 40); do kill -0 "$old" 2>/dev/null || break; sleep 0.5; done
+    if kill -0 "$old" 2>/dev/null; then
+      echo "setup-docker: dockerd $old (ours) does not answer; stopping it" >&2
+      $SUDO kill "$old"; sleep 3
+    fi
+    $SUDO rm -f "$ROOT/dockerd.pid"
+  fi
   $SUDO sh -c "nohup dockerd --data-root '$ROOT/data' --exec-root '$ROOT/exec' \
     -H unix:///var/run/docker.sock --pidfile '$ROOT/dockerd.pid' \
     --bridge=none --iptables=false --ip6tables=false >>'$ROOT/dockerd.log' 2>&1 &"
