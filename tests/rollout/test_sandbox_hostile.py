@@ -224,7 +224,7 @@ def case_fake_protocol_reply(s, backend):
 # -- time and CPU ----------------------------------------------------------------------------------
 @case
 def case_infinite_loop(s, backend):
-    r = _py(s, "while True:\n    pass")
+    r = _py(s, "while True:\n    pass", timeout_s=8)  # slack for a loaded machine: 1 CPU second is the limit
     assert r.status == "cpu_limit" and r.exit_code == -signal.SIGXCPU, r
 
 
@@ -239,7 +239,7 @@ def case_long_sleep(s, backend):
 def case_cpu_burn_threads(s, backend):
     r = _py(s, "import hashlib, threading\nbuf = b'x' * (8 << 20)\n"
                "def burn():\n    while True:\n        hashlib.sha256(buf).digest()\n"
-               "for _ in range(4):\n    threading.Thread(target=burn).start()\n")
+               "for _ in range(4):\n    threading.Thread(target=burn).start()\n", timeout_s=8)
     assert r.status == "cpu_limit", r  # RLIMIT_CPU counts every thread of the process
 
 

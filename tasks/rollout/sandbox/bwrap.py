@@ -56,12 +56,6 @@ def _bwrap() -> str:
     return exe
 
 
-def _drop_to_nobody() -> None:  # runs in the child between fork and exec of bwrap, host root only
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
-
-
 class BwrapSandbox(ServerSandbox):
     """A bubblewrap sandbox for one episode, started by the constructor. Use as a context manager
     or call :meth:`cleanup`.
@@ -93,9 +87,10 @@ class BwrapSandbox(ServerSandbox):
         ]
         self._err = tempfile.TemporaryFile()  # the server's/bwrap's stderr, for error messages; unlinked
         try:
+            as_nobody = dict(user=NOBODY, group=NOBODY, extra_groups=[]) if os.geteuid() == 0 else {}
             self._proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, close_fds=True,
-                start_new_session=True, preexec_fn=_drop_to_nobody if os.geteuid() == 0 else None,
+                start_new_session=True, **as_nobody,  # type: ignore[arg-type]
             )
         except OSError as e:
             self._err.close()
