@@ -1,5 +1,5 @@
 """Sandboxes: where model-generated code runs, one per episode, behind one interface."""
 
-from tasks.rollout.sandbox.base import ExecResult, Sandbox, SandboxError, make_sandbox
+from tasks.rollout.sandbox.base import ExecResult, ExecStatus, Sandbox, SandboxError, SandboxPathError, make_sandbox
 
-__all__ = ["ExecResult", "Sandbox", "SandboxError", "make_sandbox"]
+__all__ = ["ExecResult", "ExecStatus", "Sandbox", "SandboxError", "SandboxPathError", "make_sandbox"]

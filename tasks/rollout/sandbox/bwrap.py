@@ -1,37 +1,50 @@
-"""bubblewrap sandbox: a fresh work dir per episode, no network, resource limits, wall timeout.
+"""bubblewrap backend: one long-lived bwrap process tree per episode.
 
-Isolation: every namespace unshared (net, pid, ipc, uts, user, cgroup), the host's ``/usr``
-read-only, a private ``/tmp`` and ``/proc``, no environment inherited, the process run as the
-unprivileged user ``nobody`` (uid 65534) so that per-user process limits hold. Limits
-(``setrlimit`` before exec): address space, CPU seconds, file size, open files, processes. The
-wall-clock limit kills the whole process group; bwrap's ``--die-with-parent`` and the pid
-namespace take every descendant with it.
+Isolation: every namespace unshared (user, pid, net, ipc, uts, cgroup, mount), no nested user
+namespaces (``--disable-userns``), bwrap's own root and ``/dev`` remounted read-only, the host's
+``/usr`` read-only (with the ``/bin``, ``/lib``, ``/lib64``, ``/sbin`` symlinks), a fresh ``/proc``,
+size-capped tmpfs at ``/app`` (``workdir_mb``), ``/tmp`` and ``/dev/shm`` (``tmp_mb`` each), the
+pytest site at ``/opt/harnessrl/site`` when the bootstrap made it, no inherited environment, no
+capabilities, ``no_new_privs``. Inside, everything runs as uid/gid 65534; when the host process
+is root, bwrap itself is started as host uid 65534 too (so the sandbox's uid maps to the host's
+``nobody``, never to root). ``--die-with-parent`` ends the tree if the host process dies.
+
+The exec server (``server.py``) is the namespace's process 1 (``--as-pid-1``); requests go over
+bwrap's stdin/stdout pipes. Memory is bounded per process (RLIMIT_AS) and by the tmpfs sizes; no
+cgroup bounds the sum over processes (at most ``max_procs`` of them): see the README's sandbox
+section. :meth:`BwrapSandbox.cleanup` SIGKILLs bwrap; the kernel then kills every process of the
+pid namespace and frees the tmpfs with the mount namespace. No host file is created.
 """
 
 from __future__ import annotations
 
 import os
-import resource
+import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tasks.config import SandboxConfig
-from tasks.rollout.sandbox.base import ExecResult, SandboxError
+from tasks.rollout.sandbox.base import (
+    NOBODY,
+    SANDBOX_SITE,
+    SANDBOX_WORKDIR,
+    SERVER_SOURCE,
+    SandboxError,
+    ServerSandbox,
+    server_config,
+)
 
-NOBODY = 65534
-SANDBOX_WORKDIR = "/app"  # Terminal-Bench's convention: tasks and tests use absolute /app paths
-SANDBOX_SITE = "/opt/harnessrl/site"
+__all__ = ["BwrapSandbox", "sandbox_site", "SANDBOX_SITE", "SANDBOX_WORKDIR"]
 
 
 def sandbox_site() -> Path | None:
     """The folder of Python packages (pytest) the bootstrap installs for the sandbox's Python,
     ``<venv>/sandbox-site``, or None when it is missing."""
-    import sys
-
     p = Path(sys.prefix) / "sandbox-site"
     return p if p.is_dir() else None
 
@@ -43,128 +56,135 @@ def _bwrap() -> str:
     return exe
 
 
-class BwrapSandbox:
-    """A bubblewrap sandbox for one episode. Use as a context manager or call :meth:`cleanup`."""
+class BwrapSandbox(ServerSandbox):
+    """A bubblewrap sandbox for one episode, started by the constructor. Use as a context manager
+    or call :meth:`cleanup`.
+
+    Raises (constructor): SandboxError when bwrap is missing, cannot create namespaces here, or
+    the exec server does not answer within 15 s.
+    """
 
     def __init__(self, cfg: SandboxConfig):
-        self.cfg = cfg
-        self.exe = _bwrap()
-        self.workdir = Path(tempfile.mkdtemp(prefix="harnessrl-sbx-"))
-        os.chmod(self.workdir, 0o700)
-        if os.geteuid() == 0:
-            os.chown(self.workdir, NOBODY, NOBODY)
-        self._closed = False
-
-    def __enter__(self) -> "BwrapSandbox":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
-
-    def _host_path(self, path: str) -> Path:
-        p = (self.workdir / path).resolve()
-        if self.workdir.resolve() not in p.parents and p != self.workdir.resolve():
-            raise SandboxError(f"path {path!r} escapes the sandbox work dir")
-        return p
-
-    def write_file(self, path: str, data: bytes | str) -> None:
-        p = self._host_path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data.encode() if isinstance(data, str) else data)
-        if os.geteuid() == 0:
-            os.chown(p, NOBODY, NOBODY)
-
-    def read_file(self, path: str) -> bytes:
-        return self._host_path(path).read_bytes()
-
-    def _argv(self, argv: list[str]) -> list[str]:
+        super().__init__(cfg)
+        exe = _bwrap()
         site = sandbox_site()
-        cmd = [
-            self.exe, "--unshare-all", "--die-with-parent", "--new-session",
+        mib = 1024 * 1024
+        argv = [
+            exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--as-pid-1", "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
             "--symlink", "usr/sbin", "/sbin",
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(cfg.tmp_mb * mib), "--tmpfs", "/dev/shm",
+            "--size", str(cfg.tmp_mb * mib), "--tmpfs", "/tmp",
+            "--size", str(cfg.workdir_mb * mib), "--tmpfs", SANDBOX_WORKDIR,
             *(["--ro-bind", str(site), SANDBOX_SITE] if site else []),
-            "--bind", str(self.workdir), SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
-            "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", SANDBOX_WORKDIR,
-            "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "LANG", "C.UTF-8",
-            *(["--setenv", "PYTHONPATH", SANDBOX_SITE] if site else []),
-            "--",
+            "--remount-ro", "/dev", "--remount-ro", "/",
+            "--chdir", SANDBOX_WORKDIR, "--clearenv",
+            "--", "/usr/bin/python3", "-I", "-S", "-c", SERVER_SOURCE,
+            server_config(cfg, site=site is not None, nproc=True),
         ]
-        return cmd + argv
-
-    def _limits(self) -> None:  # runs in the child between fork and exec
-        c = self.cfg
-        mem = c.memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_CPU, (c.cpu_s, c.cpu_s))
-        fsize = c.file_size_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (c.max_procs, c.max_procs))
-        if os.geteuid() == 0:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-
-    def exec(self, argv: list[str], *, stdin: str | None = None, timeout_s: float | None = None) -> ExecResult:
-        """Run ``argv`` inside the sandbox (cwd = the work dir).
-
-        ``timeout_s`` (seconds, default the config's ``wall_s``) bounds wall time; output beyond
-        ``output_bytes`` per stream is cut. Raises SandboxError when bwrap cannot start.
-        """
-        if self._closed:
-            raise SandboxError("sandbox already cleaned up")
-        limit = self.cfg.output_bytes
-        timeout = timeout_s if timeout_s is not None else self.cfg.wall_s
-        t0 = time.monotonic()
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                proc = subprocess.Popen(
-                    self._argv(argv), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                    stdout=out, stderr=err, preexec_fn=self._limits, start_new_session=True, close_fds=True,
-                )
-            except OSError as e:
-                raise SandboxError(f"bwrap failed to start: {e}") from e
-            timed_out = False
-            try:
-                if stdin is not None:
-                    try:
-                        proc.stdin.write(stdin.encode())  # type: ignore[union-attr]
-                        proc.stdin.close()  # type: ignore[union-attr]
-                    except BrokenPipeError:
-                        pass
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait()
-            wall = time.monotonic() - t0
-            stdout, t1 = _read_capped(out, limit)
-            stderr, t2 = _read_capped(err, limit)
-        if proc.returncode is not None and proc.returncode != 0 and "bwrap:" in stderr[:200] and not timed_out:
-            if "Creating new namespace failed" in stderr or "setting up uid map" in stderr:
-                raise SandboxError(f"bwrap cannot create namespaces here: {stderr.strip()[:300]}")
-        status = "timeout" if timed_out else ("ok" if proc.returncode == 0 else "error")
-        return ExecResult(status=status, exit_code=None if timed_out else proc.returncode, stdout=stdout,
-                          stderr=stderr, wall_s=wall, truncated=t1 or t2)
-
-    def cleanup(self) -> None:
-        """Remove the work dir. Idempotent."""
-        if not self._closed:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        self._err = tempfile.TemporaryFile()  # the server's/bwrap's stderr, for error messages; unlinked
+        try:
+            as_nobody = dict(user=NOBODY, group=NOBODY, extra_groups=[]) if os.geteuid() == 0 else {}
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, close_fds=True,
+                start_new_session=True, **as_nobody,  # type: ignore[arg-type]
+            )
+        except OSError as e:
+            self._err.close()
+            raise SandboxError(f"bwrap failed to start: {e}") from e
+        self._buf = bytearray()
+        try:
+            self._call({"op": "ping"}, 15.0)
+        except SandboxError as e:
             self._closed = True
+            raise SandboxError(f"the bwrap sandbox did not start: {e}") from None
+        self.pid = self._proc.pid  # host pid of bwrap (outside the sandbox's namespaces)
+        self._pidns()
+
+    def _send_bytes(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(data)
+        self._proc.stdin.flush()
+
+    def _recv_bytes(self, n: int, deadline: float) -> bytes:
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        while len(self._buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no reply from the exec server in time")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, max(65536, n - len(self._buf)))
+                if not chunk:
+                    raise EOFError("the sandbox's exec server exited")
+                self._buf += chunk
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    def _diagnostics(self) -> str:
+        try:
+            self._err.seek(0)
+            return self._err.read(100_000).decode(errors="replace")
+        except (OSError, ValueError):
+            return ""
+
+    def _stop(self) -> None:
+        proc = getattr(self, "_proc", None)
+        if proc is not None:
+            init = getattr(self, "_init_pid", None)
+            if init is not None and proc.poll() is None:
+                try:  # the sandbox's pid 1: its death takes the whole pid namespace; bwrap then exits
+                    os.kill(init, signal.SIGKILL)
+                    proc.wait(timeout=5)
+                except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+                    pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            for f in (proc.stdin, proc.stdout):
+                try:
+                    f.close()  # type: ignore[union-attr]
+                except OSError:
+                    pass
+            proc.wait()
+        self._err.close()
+
+    def host_pids(self) -> list[int]:
+        """Host pids of the processes in this sandbox's pid namespace (empty once cleaned up);
+        for tests and leak checks. Reads ``/proc/*/ns/pid`` (Linux)."""
+        ns = self._pidns()
+        if ns is None:
+            return []
+        return _pids_in_ns(ns)
+
+    def _pidns(self) -> str | None:
+        if not hasattr(self, "_ns"):
+            self._ns = None
+            self._init_pid: int | None = None
+            try:
+                with open(f"/proc/{self.pid}/task/{self.pid}/children") as f:
+                    kids = f.read().split()
+                if kids:
+                    self._init_pid = int(kids[0])
+                    self._ns = os.readlink(f"/proc/{kids[0]}/ns/pid")
+            except OSError:
+                pass
+        return self._ns
 
 
-def _read_capped(f: "tempfile._TemporaryFileWrapper[bytes]", limit: int) -> tuple[str, bool]:
-    f.seek(0, os.SEEK_END)
-    size = f.tell()
-    f.seek(0)
-    data = f.read(limit)
-    return data.decode("utf-8", errors="replace"), size > limit
+def _pids_in_ns(ns: str) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.readlink(f"/proc/{d}/ns/pid") == ns:
+                    out.append(int(d))
+            except OSError:
+                pass
+    return out
