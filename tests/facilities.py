@@ -70,3 +70,13 @@ def chromium_missing() -> str | None:
 def require_chromium() -> None:
     """Skip (locally) or fail (CI) unless Chromium and its driver are installed."""
     require("chromium", chromium_missing())
+
+
+def require_vllm_venv() -> "Path":
+    """The vLLM venv's interpreter (``.venv-vllm/bin/python``, built by ``scripts/setup-vllm.sh``);
+    skips (locally) or fails (CI) when it is missing."""
+    from pathlib import Path
+
+    py = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    require("the vLLM venv .venv-vllm", None if py.exists() else "run scripts/setup-vllm.sh")
+    return py

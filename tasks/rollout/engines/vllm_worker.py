@@ -1,0 +1,119 @@
+"""The vLLM worker: runs ``vllm.LLM`` in the ``.venv-vllm`` interpreter and answers requests from
+:class:`tasks.rollout.engines.vllm_engine.VLLMPolicy` over a JSON-lines pipe.
+
+Standard library + vLLM only: it runs in a venv that does not have (and must not import) the
+harnessrl packages, and it is started by file path, so nothing beside it may be named like a
+package it imports.
+
+Protocol (one JSON object per line; stdin -> requests, the private reply pipe -> replies):
+
+* start: ``argv[1]`` is a JSON object ``{"model": DIR, "dtype": "bfloat16"|"float32",
+  "max_model_len": int, "max_lora_rank": int | null, "seed": int, "device": "cpu"|"cuda",
+  "gpu_memory_utilization": float}``; the worker replies ``{"ok": true, "ready": true,
+  "vllm_version": str, "eos_token_id": int}`` once the engine is loaded.
+* ``{"op": "generate", "prompts": [[int]], "seeds": [int], "temperature": float, "top_p": float,
+  "top_k": int, "max_tokens": int, "stop_token_ids": [int], "adapter": DIR | null}`` ->
+  ``{"ok": true, "outputs": [{"token_ids": [int], "logprobs": [float], "finish_reason": str}]}``;
+  ``logprobs[t]`` is the log-prob (nats) of ``token_ids[t]`` under the PROCESSED sampling
+  distribution (``logprobs_mode="processed_logprobs"``: vLLM's sampler returns
+  ``log_softmax`` of the float32 logits after temperature, top-k and top-p; see
+  ``vllm/v1/sample/ops/topk_topp_sampler.py``).
+* ``{"op": "shutdown"}`` -> ``{"ok": true}`` and the worker exits.
+
+Any failure is answered ``{"ok": false, "error": traceback}``. vLLM's own logging is sent to
+stderr: the reply pipe is a duplicate of the original stdout taken before vLLM is imported, and
+file descriptor 1 is pointed at stderr, so nothing vLLM prints can corrupt a reply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def _serve(reply, config: dict) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    import vllm
+
+    kwargs = dict(
+        model=config["model"], tokenizer=config["model"], dtype=config["dtype"],
+        max_model_len=config["max_model_len"], enforce_eager=True, seed=config["seed"],
+        # sampled-token log-probs under the distribution actually sampled from
+        logprobs_mode="processed_logprobs",
+        # ignore the model's generation_config.json: its extra EOS ids and default sampling
+        # settings would make vLLM stop or sample differently from the transformers engine
+        generation_config="vllm",
+        max_logprobs=1,
+    )
+    if config.get("max_lora_rank"):
+        kwargs.update(enable_lora=True, max_lora_rank=config["max_lora_rank"], max_loras=1)
+    if config.get("device") == "cuda":
+        kwargs["gpu_memory_utilization"] = config.get("gpu_memory_utilization", 0.5)
+    llm = LLM(**kwargs)
+    eos = llm.get_tokenizer().eos_token_id
+    _send(reply, {"ok": True, "ready": True, "vllm_version": vllm.__version__, "eos_token_id": eos})
+
+    adapters: dict[str, int] = {}
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            op = req.get("op")
+            if op == "shutdown":
+                _send(reply, {"ok": True})
+                return
+            if op != "generate":
+                raise ValueError(f"unknown op {op!r}")
+            lora = None
+            if req.get("adapter"):
+                path = req["adapter"]
+                adapters.setdefault(path, len(adapters) + 1)
+                lora = LoRARequest(f"adapter-{adapters[path]}", adapters[path], path)
+            params = [
+                SamplingParams(
+                    n=1, temperature=req["temperature"], top_p=req["top_p"], top_k=req["top_k"],
+                    max_tokens=req["max_tokens"], seed=s, logprobs=0, detokenize=False,
+                    stop_token_ids=req["stop_token_ids"], repetition_penalty=1.0, min_p=0.0,
+                )
+                for s in req["seeds"]
+            ]
+            prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
+            results = llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+            outputs = []
+            for r in results:
+                c = r.outputs[0]
+                toks = list(c.token_ids)
+                lps = [float(step[t].logprob) for t, step in zip(toks, c.logprobs or [])]
+                if len(lps) != len(toks):
+                    raise RuntimeError(f"vLLM returned {len(lps)} log-probs for {len(toks)} tokens")
+                outputs.append({"token_ids": toks, "logprobs": lps, "finish_reason": c.finish_reason})
+            _send(reply, {"ok": True, "outputs": outputs})
+        except Exception:  # answered, not raised: the engine turns it into an exception
+            _send(reply, {"ok": False, "error": traceback.format_exc()})
+
+
+def _send(reply, obj: dict) -> None:
+    reply.write(json.dumps(obj) + "\n")
+    reply.flush()
+
+
+def main() -> None:
+    reply = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        config = json.loads(sys.argv[1])
+        _serve(reply, config)
+    except Exception:
+        _send(reply, {"ok": False, "error": traceback.format_exc()})
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""The ``vllm`` engine against the trainer's recomputation (tasks/train/logprobs.py) on the tiny model.
+
+Tolerances: in float32 both sides compute the same float32 logits with different kernels (vLLM's
+CPU attention and GEMMs vs PyTorch's), so the processed log-probs agree to float32 rounding,
+measured <= 1e-6 nats; 1e-4 leaves headroom while still catching any processing mismatch (a
+missing temperature is off by ~0.1 or more, raw instead of top-k/top-p-renormalised log-probs by
+log of the kept mass, > 0.01 here). Needs .venv-vllm (scripts/setup-vllm.sh).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.config import PolicyConfig, RunConfig
+from tasks.harnesses.spec import SamplingSpec
+from tasks.train.logprobs import token_logprobs
+from tests.facilities import require_vllm_venv
+
+SAMPLINGS = [SamplingSpec(temperature=1.0, max_new_tokens=20),
+             SamplingSpec(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=20)]
+F32_TOL = 1e-4
+
+
+def make_lora_adapter(model_dir: Path, out: Path, seed: int = 1) -> Path:
+    """A rank-8 peft LoRA adapter on every projection with random (non-zero) A and B, so that it
+    changes the model's outputs (a fresh adapter has B = 0 and changes nothing)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    peft = get_peft_model(model, LoraConfig(
+        r=8, lora_alpha=16, init_lora_weights=False,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    peft.save_pretrained(out)
+    return out
+
+
+def eos_prone_model(model_dir: Path, out: Path, beta: float = 0.35) -> Path:
+    """A copy of the tiny model whose (tied) EOS embedding row is ``beta`` times the unit mean
+    direction of its final hidden states: EOS then gets ~2% of the mass per step (~0.1% in the
+    random tiny model), so completions end on EOS within a test's few hundred tokens."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shutil.copytree(model_dir, out)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        hs = torch.cat([model.model(input_ids=torch.tensor([tok.encode(f"Calculate {i} + 4.")])).last_hidden_state[0]
+                        for i in range(8)])
+        v = hs.mean(0)
+        model.get_input_embeddings().weight[tok.eos_token_id] = beta * v / v.norm()
+    model.save_pretrained(out)
+    return out
+
+
+def recompute(model, prompt: list[int], completion: list[int], s: SamplingSpec) -> torch.Tensor:
+    """``[T]`` float32 log-probs of ``completion`` after ``prompt`` as the trainer computes them."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, len(prompt) - 1:-1]
+    return token_logprobs(logits, ids[:, len(prompt):], temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)[0]
+
+
+def reference_model(model_dir: Path, adapter: Path | None = None):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter)
+    return model.eval()
+
+
+def prompts_for(tok) -> list[list[int]]:
+    # the same prompt twice: per-request seeds must give them different completions
+    return [tok.encode("Calculate 3 + 4."), tok.encode("What is 12 - 5? Answer:"), tok.encode("Calculate 3 + 4.")]
+
+
+@pytest.fixture(scope="module")
+def eos_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    return eos_prone_model(tiny_model_dir, tmp_path_factory.mktemp("eos") / "model")
+
+
+@pytest.fixture(scope="module")
+def vllm_f32(eos_model_dir):
+    require_vllm_venv()
+    from tasks.rollout.engines.vllm_engine import VLLMPolicy
+    from tasks.rollout.stage import load_policy
+
+    cfg = RunConfig(name="v", suites=[{"name": "basic_arithmetic", "size": 3}], harnesses=["react-python"],
+                    policy={"model": str(eos_model_dir), "engine": "vllm", "rollout_dtype": "float32"})
+    pol = load_policy(cfg)  # the engine is picked by policy.engine
+    assert isinstance(pol, VLLMPolicy)
+    yield pol
+    pol.close()
+
+
+def test_vllm_float32_logprobs_equal_trainer_recomputation(vllm_f32, eos_model_dir):
+    ref = reference_model(eos_model_dir)
+    for s in SAMPLINGS:
+        prompts = prompts_for(vllm_f32.tokenizer)
+        gens = vllm_f32.generate(prompts, s, seed=3)
+        assert len(gens) == len(prompts)
+        assert gens[0].token_ids != gens[2].token_ids  # same prompt, different per-request seed
+        for p, g in zip(prompts, gens):
+            assert 0 < len(g.token_ids) <= s.max_new_tokens and len(g.logprobs) == len(g.token_ids)
+            assert g.finish_reason == ("stop" if g.token_ids[-1] == vllm_f32.eos_id else "length")
+            assert g.text == vllm_f32.tokenizer.decode(g.token_ids, skip_special_tokens=True)
+            diff = (recompute(ref, p, g.token_ids, s) - torch.tensor(g.logprobs)).abs().max().item()
+            assert diff < F32_TOL, (s, diff)
+        if s.top_k:  # processed, not raw: the raw log-probs (T=1, no truncation) are far off
+            p, g = prompts[1], gens[1]
+            raw = recompute(ref, p, g.token_ids, SamplingSpec(max_new_tokens=s.max_new_tokens))
+            assert (raw - torch.tensor(g.logprobs)).abs().max().item() > 0.05
+
+
+def test_vllm_same_seed_same_result_other_seed_differs(vllm_f32):
+    prompts = prompts_for(vllm_f32.tokenizer)
+    a = vllm_f32.generate(prompts, SAMPLINGS[0], seed=11)
+    b = vllm_f32.generate(prompts, SAMPLINGS[0], seed=11)
+    c = vllm_f32.generate(prompts, SAMPLINGS[0], seed=12)
+    assert a == b
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+
+
+def test_vllm_stops_at_eos_like_trim_completion(vllm_f32):
+    """Completions end on the first EOS (kept), or run to max_new_tokens without one."""
+    tok = vllm_f32.tokenizer
+    prompts = [tok.encode(f"Calculate {i} + 4.") for i in range(16)]
+    gens = vllm_f32.generate(prompts, SamplingSpec(temperature=1.0, max_new_tokens=40), seed=0)
+    stopped = [g for g in gens if g.finish_reason == "stop"]
+    assert 0 < len(stopped) < len(gens), [g.finish_reason for g in gens]
+    for g in stopped:
+        assert g.token_ids[-1] == vllm_f32.eos_id and vllm_f32.eos_id not in g.token_ids[:-1]
+    for g in gens:
+        if g.finish_reason == "length":
+            assert len(g.token_ids) == 40 and vllm_f32.eos_id not in g.token_ids
+
+
+def test_vllm_lora_adapter_matches_peft_recomputation(tiny_model_dir, tmp_path):
+    require_vllm_venv()
+    from tasks.rollout.engines import make_policy
+
+    adapter = make_lora_adapter(tiny_model_dir, tmp_path / "adapter")
+    cfg = PolicyConfig(model=str(tiny_model_dir), engine="vllm", rollout_dtype="float32")
+    base, ref = reference_model(tiny_model_dir), reference_model(tiny_model_dir, adapter)
+    with make_policy(tiny_model_dir, cfg, base_model_id="tiny", adapter_dir=adapter) as pol:
+        assert pol.policy_id == f"tiny+{pol.adapter_sha256[:12]}" and len(pol.adapter_sha256) == 64
+        worker = pol._worker.proc
+        for s in SAMPLINGS:
+            prompts = prompts_for(pol.tokenizer)
+            for p, g in zip(prompts, pol.generate(prompts, s, seed=5)):
+                lp = torch.tensor(g.logprobs)
+                assert (recompute(ref, p, g.token_ids, s) - lp).abs().max().item() < F32_TOL
+                # the adapter is applied: the base model gives these tokens other log-probs
+                assert (recompute(base, p, g.token_ids, s) - lp).abs().max().item() > 0.05
+    # closed: the worker and its process group are gone
+    assert worker.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(worker.pid, 0)
+    with pytest.raises(Exception, match="not running"):
+        pol.generate([[1, 2]], SAMPLINGS[0], seed=0)
+
+
+def test_vllm_missing_venv_is_a_clear_error(tiny_model_dir, tmp_path):
+    from tasks.rollout.engines.base import EngineError
+    from tasks.rollout.engines.vllm_engine import VLLMPolicy
+
+    cfg = PolicyConfig(model=str(tiny_model_dir), engine="vllm", vllm={"venv": str(tmp_path / "nope")})
+    with pytest.raises(EngineError, match="setup-vllm.sh"):
+        VLLMPolicy(tiny_model_dir, cfg, base_model_id="tiny")
+
+
+def test_policy_config_engine_fields_are_validated():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="engine"):
+        PolicyConfig(engine="sglang")
+    with pytest.raises(ValidationError, match="policy.openai section"):
+        PolicyConfig(engine="openai")
+    with pytest.raises(ValidationError, match="base_url"):
+        PolicyConfig(engine="openai", openai={"base_url": "localhost:8000", "model": "m"})
+    with pytest.raises(ValidationError, match="max_concurrency"):
+        PolicyConfig(engine="openai", openai={"base_url": "http://x/v1", "model": "m", "max_concurrency": 0})
+    with pytest.raises(ValidationError, match="kv_cache_gib"):
+        PolicyConfig(engine="vllm", vllm={"kv_cache_gib": 0})
+    with pytest.raises(ValidationError, match="extra"):
+        PolicyConfig(engine="vllm", vllm={"max_len": 5})
+    ok = PolicyConfig(engine="openai", openai={"base_url": "http://127.0.0.1:8000/v1", "model": "m"})
+    assert ok.openai.max_concurrency == 8 and ok.openai.api_key_env is None
+
