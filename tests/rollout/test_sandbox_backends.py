@@ -150,3 +150,10 @@ def test_config_validation():
         SandboxConfig(backend="firecracker")
     with pytest.raises(ValueError, match="workdir_mb"):
         SandboxConfig(workdir_mb=0)
+
+
+def test_the_shell_tools_terminal_tasks_use_are_there(sbx):
+    tools = "awk sed grep find sort uniq tr cut head tail wc tar gzip sha256sum md5sum xargs diff python3 bash"
+    res = sbx.exec(["bash", "-c", f"for t in {tools}; do command -v $t >/dev/null || echo missing $t; done; "
+                                  "printf 'b 2\\na 1\\n' | sort | awk '{s += $2} END {print s}'"], timeout_s=10)
+    assert (res.status, res.stdout) == ("ok", "3\n")

@@ -75,6 +75,9 @@ class BwrapSandbox(ServerSandbox):
             "--ro-bind", "/usr", "/usr",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
             "--symlink", "usr/sbin", "/sbin",
+            # Debian resolves awk, which, pager, ... through /etc/alternatives; only that folder of
+            # the host's /etc is visible (no passwd, shadow, hosts or resolv.conf)
+            *(["--ro-bind", "/etc/alternatives", "/etc/alternatives"] if os.path.isdir("/etc/alternatives") else []),
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(cfg.tmp_mb * mib), "--tmpfs", "/dev/shm",
             "--size", str(cfg.tmp_mb * mib), "--tmpfs", "/tmp",
