@@ -246,7 +246,8 @@ class RunConfig(_Strict):
             )
         if self.train.mode == "online" and self.rollout.task_runner == "dask":
             raise ValueError("rollout.task_runner='dask' with train.mode='online': online sampling uses the trainer's "
-                             "in-memory policy, which worker processes cannot load; use task_runner 'thread' or 'serial'")
+                             "in-memory policy, which worker processes cannot load; use task_runner 'thread' or "
+                             "'serial'")
         for h in self.evaluate.harnesses or []:
             if h not in self.harnesses:
                 raise ValueError(f"evaluate.harnesses names {h!r}, which is not in harnesses {self.harnesses}")
