@@ -25,9 +25,11 @@ pre-fan-out engine. What ``run_episodes`` must guarantee for this: see :func:`ru
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,7 @@ class PolicySource:
 _CACHE: dict[str, Any] = {}
 _CACHE_LOCK = threading.Lock()
 _GENERATE_LOCK = threading.Lock()
+LOADS = [0]  # policies this process has loaded (for logs and tests)
 
 
 def cached_policy(source: PolicySource) -> Any:
@@ -106,6 +109,7 @@ def cached_policy(source: PolicySource) -> Any:
             _CACHE.clear()
             log.info("loading policy %s in this process", key[:12])
             _CACHE[key] = source.load()
+            LOADS[0] += 1
         return _CACHE[key]
 
 
@@ -205,6 +209,7 @@ class ShardInput:
     seed: int
     tag: str
     sandbox: SandboxConfig
+    torch_threads: int
 
 
 def run_shard(inp: ShardInput, policy: Any) -> dict[str, Any]:
@@ -221,7 +226,11 @@ def run_shard(inp: ShardInput, policy: Any) -> dict[str, Any]:
        (it seeds whatever it draws from; a policy object reused across shards keeps no state).
     2. ``episodes`` in job order, ``turns`` grouped by episode in job order, then by ``turn_idx``.
     With these, rows are byte-identical for any runner and worker count at a fixed shard layout.
+    The process's torch intra-op thread count is pinned to ``inp.torch_threads`` first: it changes
+    CPU reduction order, and so bf16 log-probs (measured on SmolLM2: 4 of 24 turns differ between
+    1 and 2 threads); Dask's workers start with ``OMP_NUM_THREADS=1``.
     """
+    pin_torch_threads(inp.torch_threads)
     if isinstance(policy, PolicySource):
         policy = cached_policy(policy)
     from tasks.rollout.harness import run_episodes
@@ -231,6 +240,22 @@ def run_shard(inp: ShardInput, policy: Any) -> dict[str, Any]:
     eps, turns = run_episodes(policy, inp.spec, jobs, inp.sandbox,
                               seed=seed_from(inp.seed, inp.tag, inp.shard.harness_id))
     return {"policy_id": policy.policy_id, "episodes": eps, "turns": turns}
+
+
+def pin_torch_threads(n: int) -> None:
+    """Set torch's intra-op thread count of this process to ``n`` (>= 1) if it differs."""
+    import torch
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+def torch_threads(cfg: RunConfig) -> int:
+    """Threads every shard's process runs torch with: ``policy.torch_threads``, else this process's
+    current count (so worker processes compute exactly as the calling process would)."""
+    import torch
+
+    return cfg.policy.torch_threads or torch.get_num_threads()
 
 
 def _shard_task() -> Any:
@@ -260,6 +285,24 @@ def _task_runner(rc: RolloutConfig) -> Any:
     raise ValueError(f"rollout.task_runner={rc.task_runner!r}: not one of {RUNNERS}")
 
 
+@contextlib.contextmanager
+def _shared_api(rc: RolloutConfig) -> Iterator[None]:
+    """With no ``PREFECT_API_URL`` this process talks to Prefect's temporary local server; worker
+    processes, given this process's settings, would each start a server of their own on the same
+    database. Name this process's server in the settings the workers receive instead."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
+
+    if rc.task_runner != "dask" or PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        yield
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # one per process: the one this process's client already uses
+    server.start()
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        yield
+
+
 def fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> list[dict[str, Any]]:
     """Run every shard on ``rc.task_runner`` and return their results in shard order.
 
@@ -286,7 +329,7 @@ def fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> list[di
                          f"PolicySource; policy {getattr(policy, 'policy_id', policy)!r} exists only in this process "
                          "(use task_runner 'thread' or 'serial')")
     shard_task = _shard_task()
-    with _task_runner(rc) as runner:
+    with _shared_api(rc), _task_runner(rc) as runner:
         futures = [runner.submit(shard_task, {"inp": inp, "policy": policy}) for inp in inputs]
         out = []
         for inp, fut in zip(inputs, futures):

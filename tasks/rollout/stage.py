@@ -58,16 +58,18 @@ def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], task
         ValueError: a policy object with the ``dask`` runner; or a shard's episodes came back in
             another order than its jobs (an engine contract violation).
     """
-    from tasks.rollout.fanout import PolicySource, ShardInput, episode_jobs, fan_out, plan_shards, release_policy
+    from tasks.rollout.fanout import (PolicySource, ShardInput, episode_jobs, fan_out, plan_shards, release_policy,
+                                      torch_threads)
 
     rc = cfg.rollout
+    threads = torch_threads(cfg)
     by_id = {r["record_id"]: r for r in records}
     shards = plan_shards(records, specs, samples, rc.shard_size)
     inputs = []
     for sh in shards:
         recs = [by_id[i] for i in sh.record_ids]
         inputs.append(ShardInput(sh, specs[sh.harness_id], recs, {r["task_id"]: tasks[r["task_id"]] for r in recs},
-                                 seed, tag, cfg.sandbox))
+                                 seed, tag, cfg.sandbox, threads))
     try:
         results = fan_out(inputs, policy, rc)
     finally:

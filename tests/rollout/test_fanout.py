@@ -108,11 +108,32 @@ def dask_cluster():
 
 def test_dask_runner_on_two_processes_matches_serial(tiny_model_dir, frozen, serial_sharded, prefect_harness,
                                                      dask_cluster):
+    dask_cluster.run(lambda: __import__("torch").set_num_threads(2))  # not what the caller computes with
+    threads = lambda: __import__("torch").get_num_threads()  # noqa: E731
     eps, turns = _run(tiny_model_dir, frozen, task_runner="dask", workers=2, shard_size=4)
     assert _bytes(eps) == _bytes(serial_sharded[0]) and _bytes(turns) == _bytes(serial_sharded[1])
-    # both worker processes ran shards (each loaded the policy once, into its process cache)
-    loaded = dask_cluster.run(lambda: len(__import__("tasks.rollout.fanout", fromlist=["_CACHE"])._CACHE))
-    assert len(loaded) == 2 and all(n == 1 for n in loaded.values())
+    # both worker processes ran shards, and each loaded the policy once, whatever number it ran
+    loads = dask_cluster.run(lambda: __import__("tasks.rollout.fanout", fromlist=["LOADS"]).LOADS[0])
+    assert sorted(loads.values()) == [1, 1]
+    assert set(dask_cluster.run(threads).values()) == {1}  # policy.torch_threads, pinned in every worker
+
+
+def test_shards_run_with_the_callers_torch_thread_count(tiny_model_dir):
+    """Thread count changes CPU reduction order (bf16 log-probs differ between 1 and 2 threads):
+    without policy.torch_threads, workers copy the caller's count."""
+    import torch
+
+    from tasks.rollout.fanout import pin_torch_threads, torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        cfg = _cfg(tiny_model_dir)
+        assert torch_threads(cfg) == 1
+        unset = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"torch_threads": None})})
+        pin_torch_threads(3)
+        assert torch_threads(unset) == 3 == torch.get_num_threads()
+    finally:
+        pin_torch_threads(before)
 
 
 @pytest.mark.parametrize("runner", ["thread", "dask"])
