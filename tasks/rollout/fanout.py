@@ -15,6 +15,8 @@ runner (``rollout.task_runner``):
 - ``dask``: ``prefect_dask.DaskTaskRunner`` over a ``distributed.LocalCluster`` of
   ``rollout.workers`` worker processes (one thread each), started for the call and closed after.
   Each worker process loads the policy once (:func:`cached_policy`) from a :class:`PolicySource`.
+  When the calling process already has a default Dask client (``distributed.get_client()``),
+  prefect-dask runs the shards on that client's cluster instead of starting one.
 
 Results are merged in shard order, so the rows are identical whatever the runner and the worker
 count. The shard layout is a function of (records, samples, ``rollout.shard_size``) only, and the
