@@ -26,7 +26,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "freeze": ("suites", "split", "harnesses"),
     "rollout": ("policy", "sandbox", "rollout"),
     "train": ("policy", "train", "rollout", "sandbox"),
-    "evaluate": ("policy", "sandbox", "evaluate"),
+    "evaluate": ("policy", "sandbox", "evaluate", "rollout"),  # rollout: its fan-out shard_size
     "analyze": ("analyze",),
 }
 

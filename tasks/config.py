@@ -16,6 +16,8 @@ from tasks.hashing import sha256_json
 from tasks.yamlfile import describe, load_mapping
 
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
+# Fields that say how a stage runs, never what it writes: left out of section hashes (cache keys).
+EXECUTION_ONLY = {"rollout": {"task_runner", "workers"}}
 
 
 class ConfigError(ValueError):
@@ -166,9 +168,19 @@ class SandboxConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
-    """Training rollouts: ``samples_per_task`` episodes (the group size G) per train record."""
+    """Training rollouts: ``samples_per_task`` episodes (the group size G) per train record.
+
+    Fan-out (also used by evaluation and online sampling; see ``tasks/rollout/fanout.py``):
+    episodes are cut into shards of whole records, ``shard_size`` episodes at most (None: one shard
+    per harness), run on ``task_runner`` (``serial`` in this thread, ``thread`` Prefect thread pool,
+    ``dask`` a local Dask cluster of worker processes) with ``workers`` threads or processes.
+    ``task_runner`` and ``workers`` never change the rows, so they are left out of the cache key.
+    """
 
     samples_per_task: int = Field(default=4, ge=1)
+    task_runner: Literal["serial", "thread", "dask"] = "thread"
+    workers: int = Field(default=2, ge=1, le=64)
+    shard_size: int | None = Field(default=None, ge=1)
 
 
 class LoraConfig(_Strict):
@@ -316,6 +328,10 @@ class RunConfig(_Strict):
                 f"analyze.ceiling_k={self.analyze.ceiling_k} exceeds evaluate.attempts={self.evaluate.attempts}: "
                 "pass@K needs at least K attempts per task"
             )
+        if self.train.mode == "online" and self.rollout.task_runner == "dask":
+            raise ValueError("rollout.task_runner='dask' with train.mode='online': online sampling uses the trainer's "
+                             "in-memory policy, which worker processes cannot load; use task_runner 'thread' or "
+                             "'serial'")
         for h in self.evaluate.harnesses or []:
             if h not in self.harnesses:
                 raise ValueError(f"evaluate.harnesses names {h!r}, which is not in harnesses {self.harnesses}")
@@ -330,7 +346,7 @@ class RunConfig(_Strict):
 
     def section_hash(self, *sections: str) -> str:
         """SHA-256 of the named top-level sections (plus ``seed``): a stage's config cache key."""
-        dump = self.model_dump(mode="json")
+        dump = self.model_dump(mode="json", exclude=EXECUTION_ONLY)
         return sha256_json({"seed": self.seed, **{s: dump[s] for s in sections}})
 
 

@@ -20,7 +20,8 @@ from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
 from tasks.evaluate.seal import SealError, VerifyReport, plan_hash, seal_rows, verify_chain
 from tasks.hashing import seed_from, sha256_dir
-from tasks.rollout.stage import harness_specs, load_policy, run_records
+from tasks.rollout.fanout import PolicySource
+from tasks.rollout.stage import harness_specs, run_records
 from tasks.train.stage import LeakageError
 
 log = logging.getLogger("harnessrl.evaluate")
@@ -80,7 +81,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                 adapter = store.get_dir(ck["path"], Path(tmp) / ck["name"])
                 if sha256_dir(adapter) != ck["adapter_sha256"]:
                     raise ValueError(f"checkpoint {ck['name']}: files changed since training")
-            policy = load_policy(cfg, adapter_dir=adapter)
+            policy = PolicySource.of(cfg, adapter)  # loaded once per process by whichever runner runs it
             eps, _ = run_records(policy, cfg, specs, task_by_id, plan_recs, plan["attempts"],
                                  seed_from(plan["seed"], ck["name"]), f"eval:{ck['name']}")
             for e in eps:
@@ -98,7 +99,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     rows.sort(key=lambda r: (ck_order[r["checkpoint"]], order[r["record_id"]], r["attempt"]))
     sealed = seal_rows(rows, ph)
     ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()),
-                      config_hash=cfg.section_hash("policy", "sandbox", "evaluate"), extra={"plan_hash": ph})
+                      config_hash=cfg.section_hash("policy", "sandbox", "evaluate", "rollout"), extra={"plan_hash": ph})
     return {"evaluations": ref}
 
 

@@ -40,28 +40,57 @@ def load_policy(cfg: RunConfig, adapter_dir: Any = None) -> Any:
 def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tasks: dict[str, dict[str, Any]],
                 records: list[dict[str, Any]], samples: int, seed: int, tag: str
                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Run ``samples`` episodes per record under its harness. Episode ids are content hashes of
-    (record, tag, policy, sample index, seed); rows come back in (harness, record, sample) order."""
-    from tasks.rollout.harness import EpisodeJob, run_episodes
+    """Run ``samples`` episodes per record under its harness, fanned out over ``cfg.rollout``'s task
+    runner (see :mod:`tasks.rollout.fanout`).
 
+    Args:
+        policy: a :class:`tasks.rollout.fanout.PolicySource` (any runner; each process loads it
+            once) or a loaded policy object (runners ``serial`` and ``thread`` only).
+        samples: episodes per record; ``seed``: the call's seed; ``tag``: names the call
+            (``rollout``, ``eval:<checkpoint>``, ...) in episode ids and seeds.
+
+    Returns:
+        ``(episodes, turns)``: episode dicts as ``run_episodes`` makes them plus ``record``,
+        ``sample_idx``, ``seed`` and ``policy_id``, in (harness name, record id, sample) order;
+        turn rows in the same episode order. Episode ids are content hashes of (record, tag,
+        policy, sample index, seed). The rows do not depend on ``task_runner`` or ``workers``.
+
+    Raises:
+        tasks.rollout.fanout.ShardError: a shard failed (the message names it).
+        ValueError: a policy object with the ``dask`` runner; or a shard's episodes came back in
+            another order than its jobs (an engine contract violation).
+    """
+    from tasks.rollout.fanout import (PolicySource, ShardInput, episode_jobs, fan_out, plan_shards, release_policy,
+                                      torch_threads)
+
+    rc = cfg.rollout
+    threads = torch_threads(cfg)
+    by_id = {r["record_id"]: r for r in records}
+    shards = plan_shards(records, specs, samples, rc.shard_size)
+    inputs = []
+    for sh in shards:
+        recs = [by_id[i] for i in sh.record_ids]
+        inputs.append(ShardInput(sh, specs[sh.harness_id], recs, {r["task_id"]: tasks[r["task_id"]] for r in recs},
+                                 seed, tag, cfg.sandbox, threads))
+    try:
+        results = fan_out(inputs, policy, rc)
+    finally:
+        if isinstance(policy, PolicySource) and rc.task_runner in ("serial", "thread"):
+            release_policy(policy)
     episodes, turns = [], []
-    for hid in sorted({r["harness_id"] for r in records}, key=lambda h: specs[h].name):
-        spec = specs[hid]
-        recs = sorted((r for r in records if r["harness_id"] == hid), key=lambda r: r["record_id"])
-        jobs = []
-        for r in recs:
-            for i in range(samples):
-                eid = sha256_json([r["record_id"], tag, policy.policy_id, i, seed])[:32]
-                jobs.append(EpisodeJob(eid, r, tasks[r["task_id"]], i, seed_from(seed, r["record_id"], i)))
-        eps, trn = run_episodes(policy, spec, jobs, cfg.sandbox, seed=seed_from(seed, tag, hid))
-        by_id = {j.episode_id: j for j in jobs}
-        for e in eps:
-            j = by_id[e["episode_id"]]
-            e.update(record=j.record, sample_idx=j.sample_idx, seed=j.seed)
-        log.info("%s: %s: %d episodes, mean reward %.3f", tag, spec.name, len(eps),
+    for inp, res in zip(inputs, results):
+        jobs = episode_jobs(inp.records, inp.tasks, samples, seed, tag, res["policy_id"])
+        got = [e["episode_id"] for e in res["episodes"]]
+        if got != [j.episode_id for j in jobs]:
+            raise ValueError(f"{inp.shard.label}: the engine returned episodes {got[:3]}... out of job order")
+        for e, j in zip(res["episodes"], jobs):
+            e.update(record=j.record, sample_idx=j.sample_idx, seed=j.seed, policy_id=res["policy_id"])
+        episodes += res["episodes"]
+        turns += res["turns"]
+    for hid in dict.fromkeys(sh.harness_id for sh in shards):
+        eps = [e for e in episodes if e["record"]["harness_id"] == hid]
+        log.info("%s: %s: %d episodes, mean reward %.3f", tag, specs[hid].name, len(eps),
                  sum(e["reward"] for e in eps) / max(len(eps), 1))
-        episodes += eps
-        turns += trn
     return episodes, turns
 
 
@@ -90,10 +119,11 @@ def run_rollout(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
     records = [r for r in store.rows(inputs["records"]) if r["split"] == "train"]
     if not records:
         raise ValueError("rollout: the frozen records have no train split")
-    policy = load_policy(cfg)
-    eps, turns = run_records(policy, cfg, specs, tasks, records, cfg.rollout.samples_per_task,
+    from tasks.rollout.fanout import PolicySource
+
+    eps, turns = run_records(PolicySource.of(cfg), cfg, specs, tasks, records, cfg.rollout.samples_per_task,
                              seed_from(cfg.seed, "rollout"), "rollout")
-    rows = episode_rows(eps, policy.policy_id, 0)
+    rows = episode_rows(eps, eps[0]["policy_id"], 0)
     ch = cfg.section_hash("policy", "sandbox", "rollout")
     ins = [inputs["tasks"], inputs["harnesses"], inputs["records"]]
     ep_ref = store.write("rollout", "episodes", rows, inputs=ins, config_hash=ch)

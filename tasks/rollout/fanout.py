@@ -1,0 +1,356 @@
+"""Fan-out of rollout episodes over a Prefect task runner.
+
+The episodes of one :func:`tasks.rollout.stage.run_records` call are cut into *shards*: by
+harness (ordered by harness name), then consecutive chunks of records (ordered by ``record_id``),
+every sample of a record in the same shard. Each shard is one call of
+:func:`tasks.rollout.harness.run_episodes`, run as one Prefect task run on the configured task
+runner (``rollout.task_runner``):
+
+- ``serial``: the shards run one after another in the calling thread, without Prefect (the
+  reference path);
+- ``thread``: Prefect's ``ThreadPoolTaskRunner`` with ``rollout.workers`` threads in this process.
+  The policy is shared; its ``generate`` calls are serialised by a process-wide lock (the engine
+  seeds torch's global RNG), so what overlaps is the harness work: tool runs in the sandbox,
+  parsing, grading;
+- ``dask``: ``prefect_dask.DaskTaskRunner`` over a ``distributed.LocalCluster`` of
+  ``rollout.workers`` worker processes (one thread each), started for the call and closed after.
+  Each worker process loads the policy once (:func:`cached_policy`) from a :class:`PolicySource`.
+  When the calling process already has a default Dask client (``distributed.get_client()``),
+  prefect-dask runs the shards on that client's cluster instead of starting one.
+
+Results are merged in shard order, so the rows are identical whatever the runner and the worker
+count. The shard layout is a function of (records, samples, ``rollout.shard_size``) only, and the
+engine seed of every shard is the one the whole harness gets (``seed_from(seed, tag,
+harness_id)``): with ``shard_size`` unset (one shard per harness) the rows are those of the
+pre-fan-out engine. What ``run_episodes`` must guarantee for this: see :func:`run_shard`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.config import RolloutConfig, RunConfig, SandboxConfig
+from tasks.harnesses.spec import HarnessSpec
+from tasks.hashing import seed_from, sha256_dir, sha256_json
+
+log = logging.getLogger("harnessrl.rollout")
+
+RUNNERS = ("serial", "thread", "dask")
+
+
+class ShardError(RuntimeError):
+    """A shard of episodes failed on its worker; the message names the shard (index, harness,
+    records, episode count) and the runner, and the worker's exception is chained."""
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """How to load a policy in any process: the run config (its ``policy`` section is what
+    :func:`tasks.rollout.stage.load_policy` reads) and an optional adapter folder.
+
+    ``adapter_sha256`` is the SHA-256 of the adapter folder (:func:`tasks.hashing.sha256_dir`),
+    taken when the source is made, so a worker that finds other files under the same path fails
+    instead of sampling from another policy.
+    """
+
+    cfg: RunConfig
+    adapter_dir: str | None = None
+    adapter_sha256: str = ""
+
+    @classmethod
+    def of(cls, cfg: RunConfig, adapter_dir: str | Path | None = None) -> "PolicySource":
+        """The source of ``cfg.policy`` with the adapter in ``adapter_dir`` (None: base model).
+
+        Raises:
+            FileNotFoundError: ``adapter_dir`` is given and is not a directory.
+        """
+        if adapter_dir is None:
+            return cls(cfg)
+        return cls(cfg, str(Path(adapter_dir).resolve()), sha256_dir(adapter_dir))
+
+    @property
+    def key(self) -> str:
+        """Cache key: SHA-256 of the policy config section and the adapter's content hash."""
+        return sha256_json({"policy": self.cfg.policy.model_dump(mode="json"), "adapter_dir": self.adapter_dir,
+                            "adapter_sha256": self.adapter_sha256})
+
+    def load(self) -> Any:
+        """Load the policy (``tasks.rollout.stage.load_policy``).
+
+        Raises:
+            ValueError: the adapter folder's content changed since the source was made.
+        """
+        from tasks.rollout.stage import load_policy
+
+        if self.adapter_dir is not None and sha256_dir(self.adapter_dir) != self.adapter_sha256:
+            raise ValueError(f"policy adapter {self.adapter_dir}: files changed since the rollout was planned "
+                             f"(sha256 {self.adapter_sha256[:12]} expected)")
+        return load_policy(self.cfg, adapter_dir=Path(self.adapter_dir) if self.adapter_dir else None)
+
+
+# One policy per process: the last source loaded. Workers of one run_records call share a key, so
+# a worker loads once; a new key (the next checkpoint) replaces the old model instead of keeping both.
+_CACHE: dict[str, Any] = {}
+_CACHE_LOCK = threading.Lock()
+_GENERATE_LOCK = threading.Lock()
+LOADS = [0]  # policies this process has loaded (for logs and tests)
+
+
+def _close(policy: Any) -> None:
+    """Shut down an engine that holds a process or connections (vLLM worker, HTTP pool)."""
+    close = getattr(policy, "close", None)
+    if callable(close):
+        close()
+
+
+def cached_policy(source: PolicySource) -> Any:
+    """The policy of ``source``, loaded at most once per process while it is the latest one; the
+    policy it replaces is closed (a vLLM engine's worker process ends with it)."""
+    key = source.key
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            for old in _CACHE.values():
+                _close(old)
+            _CACHE.clear()
+            log.info("loading policy %s in this process", key[:12])
+            _CACHE[key] = source.load()
+            LOADS[0] += 1
+        return _CACHE[key]
+
+
+def release_policy(source: PolicySource) -> None:
+    """Drop ``source``'s policy from this process's cache and close it (frees its weights, ends an
+    engine's worker process)."""
+    with _CACHE_LOCK:
+        old = _CACHE.pop(source.key, None)
+    if old is not None:
+        _close(old)
+
+
+class _SharedPolicy:
+    """A policy shared by threads: ``generate`` under the process-wide lock (seeding torch's global
+    RNG and sampling must not interleave with another thread's), and a private tokenizer copy."""
+
+    def __init__(self, policy: Any):
+        self._policy = policy
+        self.tokenizer = copy.deepcopy(policy.tokenizer)
+
+    def generate(self, prompts: list[list[int]], sampling: Any, seed: int) -> Any:
+        with _GENERATE_LOCK:
+            return self._policy.generate(prompts, sampling, seed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One unit of fan-out: consecutive records of one harness, every sample of each.
+
+    ``index`` is the shard's position in the merge order; ``record_ids`` are sorted.
+    """
+
+    index: int
+    count: int
+    harness_id: str
+    harness_name: str
+    record_ids: tuple[str, ...]
+    samples: int
+
+    @property
+    def episodes(self) -> int:
+        return len(self.record_ids) * self.samples
+
+    @property
+    def label(self) -> str:
+        n = len(self.record_ids)
+        return (f"shard {self.index + 1}/{self.count} (harness {self.harness_name}, {n} record{'s' if n > 1 else ''} "
+                f"{self.record_ids[0][:10]}..{self.record_ids[-1][:10]}, {self.episodes} episodes)")
+
+
+def plan_shards(records: list[dict[str, Any]], specs: dict[str, HarnessSpec], samples: int,
+                shard_size: int | None) -> list[Shard]:
+    """Cut ``records`` x ``samples`` into shards: harnesses by name, records by id, then chunks of
+    ``max(1, shard_size // samples)`` records (``shard_size`` None: one shard per harness).
+
+    A shard never splits a record's samples (a sampling group stays in one batch), so a shard holds
+    at most ``max(shard_size, samples)`` episodes. The layout does not depend on the runner or the
+    worker count.
+
+    Raises:
+        ValueError: a record names a harness missing from ``specs``, or ``samples`` < 1.
+    """
+    if samples < 1:
+        raise ValueError(f"samples={samples}: need at least one episode per record")
+    missing = sorted({r["harness_id"] for r in records} - set(specs))
+    if missing:
+        raise ValueError(f"records name harness ids with no frozen spec: {[m[:12] for m in missing]}")
+    per = None if shard_size is None else max(1, shard_size // samples)
+    parts: list[tuple[str, tuple[str, ...]]] = []
+    for hid in sorted({r["harness_id"] for r in records}, key=lambda h: (specs[h].name, h)):
+        ids = sorted(r["record_id"] for r in records if r["harness_id"] == hid)
+        step = per or len(ids)
+        parts += [(hid, tuple(ids[i:i + step])) for i in range(0, len(ids), step)]
+    return [Shard(i, len(parts), hid, specs[hid].name, ids, samples) for i, (hid, ids) in enumerate(parts)]
+
+
+def episode_jobs(records: list[dict[str, Any]], tasks: dict[str, dict[str, Any]], samples: int, seed: int,
+                 tag: str, policy_id: str) -> list[Any]:
+    """The ``EpisodeJob`` list of ``records`` (in the given order) x ``samples``: episode id =
+    ``sha256_json([record_id, tag, policy_id, sample, seed])[:32]``, episode seed =
+    ``seed_from(seed, record_id, sample)``. Neither depends on the shard layout."""
+    from tasks.rollout.harness import EpisodeJob
+
+    return [EpisodeJob(sha256_json([r["record_id"], tag, policy_id, i, seed])[:32], r, tasks[r["task_id"]], i,
+                       seed_from(seed, r["record_id"], i))
+            for r in records for i in range(samples)]
+
+
+@dataclass(frozen=True)
+class ShardInput:
+    """Everything a worker needs for one shard (picklable)."""
+
+    shard: Shard
+    spec: HarnessSpec
+    records: list[dict[str, Any]]
+    tasks: dict[str, dict[str, Any]]
+    seed: int
+    tag: str
+    sandbox: SandboxConfig
+    torch_threads: int
+
+
+def run_shard(inp: ShardInput, policy: Any) -> dict[str, Any]:
+    """Run one shard: ``run_episodes`` over its jobs with the harness's engine seed.
+
+    ``policy`` is a :class:`PolicySource` (loaded through this process's cache) or a policy
+    object. Returns ``{"policy_id": str, "episodes": [...], "turns": [...]}`` as ``run_episodes``
+    returns them.
+
+    What this needs from ``run_episodes(policy, spec, jobs, sandbox_cfg, seed=)``:
+
+    1. A pure function of (policy weights, spec, the jobs in order, sandbox config, ``seed``): no
+       dependence on the process, the thread, earlier calls or any global RNG state left by them
+       (it seeds whatever it draws from; a policy object reused across shards keeps no state).
+    2. ``episodes`` in job order, ``turns`` grouped by episode in job order, then by ``turn_idx``.
+    With these, rows are byte-identical for any runner and worker count at a fixed shard layout.
+    The process's torch intra-op thread count is pinned to ``inp.torch_threads`` first: it changes
+    CPU reduction order, and so bf16 log-probs (measured on SmolLM2: 4 of 24 turns differ between
+    1 and 2 threads); Dask's workers start with ``OMP_NUM_THREADS=1``.
+    """
+    pin_torch_threads(inp.torch_threads)
+    if isinstance(policy, PolicySource):
+        policy = cached_policy(policy)
+    from tasks.rollout.harness import run_episodes
+
+
+    jobs = episode_jobs(inp.records, inp.tasks, inp.shard.samples, inp.seed, inp.tag, policy.policy_id)
+    eps, turns = run_episodes(policy, inp.spec, jobs, inp.sandbox,
+                              seed=seed_from(inp.seed, inp.tag, inp.shard.harness_id))
+    return {"policy_id": policy.policy_id, "episodes": eps, "turns": turns}
+
+
+def pin_torch_threads(n: int) -> None:
+    """Set torch's intra-op thread count of this process to ``n`` (>= 1) if it differs."""
+    import torch
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+def torch_threads(cfg: RunConfig) -> int:
+    """Threads every shard's process runs torch with: ``policy.torch_threads``, else this process's
+    current count (so worker processes compute exactly as the calling process would)."""
+    import torch
+
+    return cfg.policy.torch_threads or torch.get_num_threads()
+
+
+def _shard_task() -> Any:
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    def rollout_shard(inp: ShardInput, policy: Any) -> dict[str, Any]:
+        if isinstance(policy, PolicySource):
+            policy = cached_policy(policy)
+        return run_shard(inp, _SharedPolicy(policy))
+
+    return task(rollout_shard, name="rollout-shard", task_run_name="rollout-shard-{inp.shard.index}",
+                cache_policy=NO_CACHE, persist_result=False, retries=0)
+
+
+def _task_runner(rc: RolloutConfig) -> Any:
+    if rc.task_runner == "thread":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=rc.workers)
+    if rc.task_runner == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster",
+                              cluster_kwargs={"n_workers": rc.workers, "threads_per_worker": 1, "processes": True,
+                                              "dashboard_address": ":0", "silence_logs": logging.WARNING})
+    raise ValueError(f"rollout.task_runner={rc.task_runner!r}: not one of {RUNNERS}")
+
+
+@contextlib.contextmanager
+def _shared_api(rc: RolloutConfig) -> Iterator[None]:
+    """With no ``PREFECT_API_URL`` this process talks to Prefect's temporary local server; worker
+    processes, given this process's settings, would each start a server of their own on the same
+    database. Name this process's server in the settings the workers receive instead."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
+
+    if rc.task_runner != "dask" or PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        yield
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # one per process: the one this process's client already uses
+    server.start()
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        yield
+
+
+def fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> list[dict[str, Any]]:
+    """Run every shard on ``rc.task_runner`` and return their results in shard order.
+
+    Args:
+        inputs: the shards, in merge order.
+        policy: a :class:`PolicySource`, or a policy object (``serial`` and ``thread`` only: a
+            policy that exists only in this process cannot reach worker processes).
+        rc: the rollout config (``task_runner``, ``workers``).
+
+    Raises:
+        ValueError: a policy object with the ``dask`` runner.
+        ShardError: a shard failed; the first failure in shard order, naming it.
+    """
+    if rc.task_runner == "serial":
+        out = []
+        for inp in inputs:
+            try:
+                out.append(run_shard(inp, policy))
+            except Exception as e:
+                raise ShardError(f"rollout {inp.shard.label} failed (runner serial): {type(e).__name__}: {e}") from e
+        return out
+    if rc.task_runner != "thread" and not isinstance(policy, PolicySource):
+        raise ValueError(f"rollout.task_runner={rc.task_runner!r} loads the policy in worker processes and needs a "
+                         f"PolicySource; policy {getattr(policy, 'policy_id', policy)!r} exists only in this process "
+                         "(use task_runner 'thread' or 'serial')")
+    shard_task = _shard_task()
+    with _shared_api(rc), _task_runner(rc) as runner:
+        futures = [runner.submit(shard_task, {"inp": inp, "policy": policy}) for inp in inputs]
+        out = []
+        for inp, fut in zip(inputs, futures):
+            try:
+                out.append(fut.result())
+            except Exception as e:
+                raise ShardError(f"rollout {inp.shard.label} failed (runner {rc.task_runner}, {rc.workers} workers): "
+                                 f"{type(e).__name__}: {e}") from e
+    return out
