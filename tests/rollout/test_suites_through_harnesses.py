@@ -111,3 +111,17 @@ def test_miniwob_click_button_through_web_react(tok):
     ep, turns = _run(pol, "web-react", task)
     assert (ep["status"], ep["reward"], ep["num_turns"]) == ("ok", 1.0, 1)
     assert f'"{target}"' in pol.seen[0]  # the page rendering was the first observation
+
+
+@pytest.mark.parametrize("harness, reply", [
+    ("qwen-code-like", "The expression is 94*4 - 61 - 6.\nAnswer: 94*4 - 61 - 6"),
+    ("swe-agent-like", '<tool_call>{"name": "submit", "arguments": {"answer": "94*4 - 61 - 6"}}</tool_call>'),
+    ("openhands-like", "<finish>94*4 - 61 - 6</finish>"),
+])
+def test_countdown_expressions_are_submitted_whole_and_scored_by_reasoning_gym(tok, harness, reply):
+    task = next(t for t in load_suite(SuiteConfig(source="reasoning_gym", name="countdown", size=3, seed=1))
+                if "309" in t.instruction).to_row("test")
+    ep, _ = _run(ReadingPolicy(tok, lambda t, _: reply), harness, task)
+    assert (ep["final_answer"], ep["reward"]) == ("94*4 - 61 - 6", 1.0)
+    ep, _ = _run(ReadingPolicy(tok, lambda t, _: reply.replace("94*4", "94*3")), harness, task)
+    assert ep["reward"] < 1.0
