@@ -61,9 +61,14 @@ class VLLMEngineConfig(_Strict):
     ``max_position_embeddings``), ``kv_cache_gib`` (GiB of KV cache on the CPU,
     ``VLLM_CPU_KVCACHE_SPACE``), ``gpu_memory_utilization`` (fraction of GPU memory on CUDA),
     ``start_timeout_s`` and ``request_timeout_s`` (seconds: engine start, one ``generate`` call).
+    ``prefix_caching``: reuse the KV cache of prompt prefixes seen before (each turn of an episode
+    extends the previous prompt, so multi-turn rollouts gain much); off by default because a
+    cached prefix is computed in other batch shapes than a fresh one, so the same call twice does
+    not give bit-identical log-probs (or, rarely, tokens) and artifacts stop being reproducible.
     """
 
     venv: str = ".venv-vllm"
+    prefix_caching: bool = False
     max_model_len: int = Field(default=4096, gt=0)
     kv_cache_gib: float = Field(default=1.0, gt=0)
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1.0)

@@ -131,6 +131,17 @@ def test_vllm_same_seed_same_result_other_seed_differs(vllm_f32):
     assert [g.token_ids for g in a] != [g.token_ids for g in c]
 
 
+def test_vllm_batch_of_long_seeded_prompts(vllm_f32):
+    """More prompt tokens in one call than a scheduler step holds: with chunked prefill a seeded
+    request cut mid-prefill crashed vLLM's CPU worker ("CPU Generator does not use offset")."""
+    tok = vllm_f32.tokenizer
+    base = tok.encode(" ".join(str(i) for i in range(700)))[:1500]
+    prompts = [base[i:] + tok.encode(f" {i}") for i in range(12)]  # ~17k prompt tokens
+    gens = vllm_f32.generate(prompts, SAMPLINGS[0], seed=5)
+    assert len(gens) == 12 and all(0 < len(g.token_ids) <= SAMPLINGS[0].max_new_tokens for g in gens)
+    assert gens == vllm_f32.generate(prompts, SAMPLINGS[0], seed=5)
+
+
 def test_vllm_stops_at_eos_like_trim_completion(vllm_f32):
     """Completions end on the first EOS (kept), or run to max_new_tokens without one."""
     tok = vllm_f32.tokenizer

@@ -190,7 +190,8 @@ class VLLMPolicy:
         worker_cfg = {
             "model": str(self.model_dir.resolve()), "dtype": cfg.rollout_dtype, "max_model_len": max_len,
             "max_lora_rank": _lora_rank(Path(adapter_dir)) if adapter_dir is not None else None,
-            "seed": 0, "device": cfg.device, "gpu_memory_utilization": vc.gpu_memory_utilization,
+            "seed": 0, "prefix_caching": vc.prefix_caching,
+            "device": cfg.device, "gpu_memory_utilization": vc.gpu_memory_utilization,
         }
         env = dict(os.environ)
         for k in list(env):

@@ -8,7 +8,7 @@ package it imports.
 Protocol (one JSON object per line; stdin -> requests, the private reply pipe -> replies):
 
 * start: ``argv[1]`` is a JSON object ``{"model": DIR, "dtype": "bfloat16"|"float32",
-  "max_model_len": int, "max_lora_rank": int | null, "seed": int, "device": "cpu"|"cuda",
+  "max_model_len": int, "max_lora_rank": int | null, "seed": int, "prefix_caching": bool, "device": "cpu"|"cuda",
   "gpu_memory_utilization": float}``; the worker replies ``{"ok": true, "ready": true,
   "vllm_version": str, "eos_token_id": int}`` once the engine is loaded.
 * ``{"op": "generate", "prompts": [[int]], "seeds": [int], "temperature": float, "top_p": float,
@@ -49,6 +49,12 @@ def _serve(reply, config: dict) -> None:
         # settings would make vLLM stop or sample differently from the transformers engine
         generation_config="vllm",
         max_logprobs=1,
+        # no chunked prefill: vLLM rewinds the generator of a seeded request whose prefill was cut
+        # into chunks with a CUDA-only call (CPU generators raise "does not use offset"), and every
+        # request here is seeded. Whole prompts only, so the step budget must hold the longest.
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(int(config["max_model_len"]), 8192),
+        enable_prefix_caching=bool(config.get("prefix_caching", False)),
     )
     if config.get("max_lora_rank"):
         kwargs.update(enable_lora=True, max_lora_rank=config["max_lora_rank"], max_loras=1)
