@@ -286,6 +286,14 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 e.prompt = e.prompt or chat.initial(spec.render_system(), e.job.task["instruction"])
 
         list(pool.map(start, eps))
+        # the context budget: the spec's, capped by what the policy's model can hold
+        limits = [x for x in (spec.context.max_context_tokens, getattr(policy, "max_model_len", None)) if x]
+        limit = min(limits) if limits else None
+        for e in eps:
+            if limit is not None and e.status == "ok" and len(e.prompt) + spec.sampling.max_new_tokens > limit:
+                e.status, e.done = "infra_error", True
+                e.error = (f"the first prompt ({len(e.prompt)} tokens) + max_new_tokens "
+                           f"({spec.sampling.max_new_tokens}) exceeds the context budget of {limit} tokens")
         for turn in range(spec.max_turns):
             active = [e for e in eps if not e.done]
             if not active:
@@ -322,7 +330,6 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                     for s in obs_spans:
                         spans.append({**s, "turn": turn + 1, "tokens": len(cont), "start": start_pos, "end": end_pos,
                                       "sha256": sha256_text(observation)})
-                    limit = spec.context.max_context_tokens
                     if limit is not None and len(new_prompt) + spec.sampling.max_new_tokens > limit:
                         e.done = True
                         e.answer = fallback_answer(spec, g.text)

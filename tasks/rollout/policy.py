@@ -57,6 +57,8 @@ class HFPolicy:
         self.policy_id = f"{base_model_id}+{self.adapter_sha256[:12]}" if self.adapter_sha256 else base_model_id
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.pad_id = int(self.tokenizer.pad_token_id)
+        # tokens of prompt + completion the model's positions cover (the harness stops before it)
+        self.max_model_len = getattr(self.model.config, "max_position_embeddings", None)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, cfg: PolicyConfig, *, policy_id: str) -> "HFPolicy":
@@ -66,6 +68,7 @@ class HFPolicy:
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.adapter_sha256, self.base_model_id, self.policy_id = "", policy_id, policy_id
         self.eos_id, self.pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
+        self.max_model_len = getattr(model.config, "max_position_embeddings", None)
         return self
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:

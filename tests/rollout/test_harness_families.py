@@ -161,3 +161,21 @@ def test_context_budget_and_observation_truncation(tok, tmp_path):
     assert 2 < len(turns) < 40 and eps[0]["status"] == "ok"
     # every prompt stayed within the budget with room for a full reply
     assert all(len(t["prompt_token_ids"]) + 192 <= 900 for t in turns)
+
+
+def test_the_policy_context_window_caps_the_budget(tok):
+    task = _task({}, "x")
+
+    class SmallWindow(ScriptedPolicy):
+        max_model_len = 700
+
+    pol = SmallWindow(tok, ["```bash\nseq 1 300\n```"])
+    eps, turns = run_episodes(pol, load_harness("openhands-like"), [EpisodeJob("ep", {}, task, 0, 0)],
+                              SandboxConfig(), seed=0)
+    assert eps[0]["status"] == "ok" and json.loads(turns[-1]["action"]).get("context_limit") is True
+    assert all(len(t["prompt_token_ids"]) + 192 <= 700 for t in turns)
+    # a first prompt that cannot fit at all is an infrastructure error, not a zero
+    pol = type("Tiny", (ScriptedPolicy,), {"max_model_len": 100})(tok, ["x"])
+    eps, turns = run_episodes(pol, load_harness("openhands-like"), [EpisodeJob("ep", {}, task, 0, 0)],
+                              SandboxConfig(), seed=0)
+    assert (eps[0]["status"], turns) == ("infra_error", [])
