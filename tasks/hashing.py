@@ -66,3 +66,17 @@ def sha256_dir(path: str | Path) -> str:
 def seed_from(*parts: Any) -> int:
     """A 63-bit integer seed derived from ``parts`` (e.g. the config seed and a record id)."""
     return int(sha256_json(list(parts))[:15], 16)
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` with every dict key a string, tuples as lists, NaN/inf floats and unknown objects
+    as their ``str``: something canonical JSON can hold (suite metadata comes in many types)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else str(obj)
+    return str(obj)

@@ -95,9 +95,11 @@ def _shell(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
 
 
 def _read(env: ToolEnv, path: str) -> str | None:
+    """The file's text, or None when it does not exist (other refusals propagate to the engine,
+    which shows them to the agent)."""
     try:
         return env.sandbox().read_file(path).decode("utf-8", errors="replace")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    except FileNotFoundError:
         return None
 
 

@@ -33,6 +33,7 @@ from tasks.hashing import canonical_json, seed_from, sha256_text
 from tasks.records.verifiers import VerifierError, grade
 from tasks.rollout.policy import ChatFormat, Generation
 from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
+from tasks.rollout.sandbox.base import SandboxPathError
 
 
 class Policy(Protocol):
@@ -72,7 +73,10 @@ class EpisodeEnv:
             sbx = make_sandbox(self.cfg)
             self._sandbox = sbx
             for path, text in sorted(self.workspace.get("files", {}).items()):
-                sbx.write_file(path, text)
+                try:
+                    sbx.write_file(path, text)
+                except (SandboxPathError, OSError) as e:  # the task's own files do not fit: not the agent's doing
+                    raise SandboxError(f"task {self.task['task_id']!r}: workspace file {path!r}: {e}") from e
             for cmd in self.workspace.get("setup", []):
                 res = sbx.exec(["bash", "-c", cmd], timeout_s=self.cfg.wall_s)
                 if res.status != "ok":
@@ -172,7 +176,12 @@ def _run_calls(ep: _Episode, spec: HarnessSpec, parsed: ParsedReply, sandbox_cfg
         tool = spec.tool(call.tool)
         assert tool is not None
         timeout = min(tool.timeout_s, sandbox_cfg.wall_s) if IMPLS[call.impl].needs == "sandbox" else tool.timeout_s
-        out = IMPLS[call.impl].run(ep.env, call.args, timeout)
+        try:
+            out = IMPLS[call.impl].run(ep.env, call.args, timeout)
+        except (SandboxPathError, OSError) as e:
+            # a path the sandbox refuses (symlink, not a regular file), a missing file, a full
+            # work dir: the agent's mistake, shown to it like any other tool error
+            out = ToolOutput(f"Error: {e}")
         outs.append((call.tool, out))
         if out.submitted:
             if out.answer is not None:

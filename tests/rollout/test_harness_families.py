@@ -179,3 +179,20 @@ def test_the_policy_context_window_caps_the_budget(tok):
     eps, turns = run_episodes(pol, load_harness("openhands-like"), [EpisodeJob("ep", {}, task, 0, 0)],
                               SandboxConfig(), seed=0)
     assert (eps[0]["status"], turns) == ("infra_error", [])
+
+
+def test_refused_paths_and_a_full_work_dir_come_back_as_tool_errors(tok):
+    task = _task({}, "x", setup=["ln -s /etc/hostname link.txt"])
+    script = [
+        '<tool_call>{"name": "write_file", "arguments": {"file_path": "link.txt", "content": "x"}}</tool_call>',
+        '<tool_call>{"name": "read_file", "arguments": {"absolute_path": "/app"}}</tool_call>',
+        '<tool_call>{"name": "run_shell_command", "arguments": {"command": "head -c 3000000 /dev/zero > fill"}}</tool_call>',
+        '<tool_call>{"name": "write_file", "arguments": {"file_path": "more.txt", "content": "' + "y" * 5000 + '"}}</tool_call>',
+        "done",
+    ]
+    ep, turns, _ = _run(tok, "qwen-code-like", script, task, SandboxConfig(workdir_mb=2))
+    assert ep["status"] == "ok" and ep["num_turns"] == 5
+    obs = [t["observation"].split("\n")[1] for t in turns[:4]]
+    assert obs[0].startswith("Error:") and "link" in obs[0]  # a symlink is never followed
+    assert obs[1].startswith("Error:")  # a folder is not a file
+    assert obs[3].startswith("Error:") and "space" in obs[3].lower()  # the work dir is full

@@ -7,7 +7,7 @@ import functools
 from typing import Any, Iterator
 
 from tasks.config import SuiteConfig
-from tasks.hashing import canonical_json
+from tasks.hashing import canonical_json, jsonable
 from tasks.records.suites.base import Task, register_loader
 
 # metadata keys that carry the solution; they stay out of the task record entirely
@@ -52,17 +52,6 @@ def load(cfg: SuiteConfig) -> Iterator[Task]:
                 "dataset": cfg.name, "seed": cfg.seed, "size": cfg.size, "index": i,
                 "params": dict(cfg.params), "answer": str(entry["answer"]),
             },
-            metadata=_jsonable(meta),
+            metadata=jsonable(meta),
         )
 
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (str, int, bool)) or obj is None:
-        return obj
-    if isinstance(obj, float):
-        return obj if obj == obj and abs(obj) != float("inf") else str(obj)
-    return str(obj)

@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import yaml
 
 from tasks.config import SuiteConfig
+from tasks.hashing import jsonable
 from tasks.records.suites.base import Task, register_loader
 from tasks.records.verifiers import GradeContext, VerifierError, register_verifier
 
@@ -238,7 +239,7 @@ def _parse_tb1(folder: Path) -> _Parsed:
     meta = {k: cfg[k] for k in ("difficulty", "category", "tags", "author_name") if k in cfg}
     meta.update(format="tb1", task_folder=folder.name, agent_timeout_s=agent_timeout, test_timeout_s=test_timeout,
                 dockerfile_ignored=(folder / "Dockerfile").is_file())
-    return _Parsed("tb1", instruction, workspace, tests, run, oracle, test_timeout, {}, _jsonable(meta))
+    return _Parsed("tb1", instruction, workspace, tests, run, oracle, test_timeout, {}, jsonable(meta))
 
 
 def _strip_canary(text: str) -> str:
@@ -302,7 +303,7 @@ def _parse_tb2(folder: Path) -> _Parsed:
     meta.update(format="tb2", task_folder=folder.name, agent_timeout_s=agent_timeout, test_timeout_s=timeout,
                 dockerfile_ignored=(env_dir / "Dockerfile").is_file(),
                 allow_internet=bool(env_sec.get("allow_internet", True)))
-    return _Parsed("tb2", instruction, workspace, tests, run, oracle, timeout, env, _jsonable(meta))
+    return _Parsed("tb2", instruction, workspace, tests, run, oracle, timeout, env, jsonable(meta))
 
 
 def _read_tree(folder: Path, base: Path, prefix: str) -> dict[str, bytes]:
@@ -438,17 +439,6 @@ def static_test_count(tree: ast.Module) -> int:
 
     return max(1, count(tree.body, False))
 
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (str, int, bool)) or obj is None:
-        return obj
-    if isinstance(obj, float):
-        return obj if obj == obj and abs(obj) != float("inf") else str(obj)
-    return str(obj)
 
 
 # ----------------------------------------------------------------------------------------------
