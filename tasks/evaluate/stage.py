@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +32,19 @@ log = logging.getLogger("harnessrl.evaluate")
 
 PLAN = "evaluate/plan.json"
 PLAN_HASH = "evaluate/plan.sha256"
+
+
+class _Ticker:
+    """Adds the seconds since the previous call to ``timings[phase]`` (no-op without a dict)."""
+
+    def __init__(self, timings: dict[str, float] | None):
+        self.timings, self.t = timings, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.timings is not None:
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self.t
+        self.t = now
 
 
 def default_contrasts(checkpoints: list[dict[str, Any]], harnesses: list[str]) -> list[dict[str, Any]]:
@@ -128,14 +142,16 @@ def _row(e: dict[str, Any], r: dict[str, Any], ck: dict[str, Any], attempt: int,
 
 
 def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], *,
-                 episode_runner: Callable[..., tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = None
-                 ) -> dict[str, ArtifactRef]:
+                 episode_runner: Callable[..., tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = None,
+                 timings: dict[str, float] | None = None) -> dict[str, ArtifactRef]:
     """Guard, plan, seal, run; write ``evaluations``, ``eval_cells``, ``eval_contrasts`` and the
     exports (:mod:`tasks.evaluate.exports`).
 
     Args:
         episode_runner: a function with :func:`tasks.rollout.stage.run_records`'s signature and
             return value (default: that function). The bookkeeping benchmark passes a scripted one.
+        timings: if given, filled with the seconds spent in each phase (``guard``, ``plan``,
+            ``attempts``, ``seal``, ``write``, ``stats``, ``exports``).
 
     Raises:
         LeakageError: a test-split task is in the training rollouts or train records.
@@ -145,10 +161,15 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     from tasks.evaluate.stats import cell_table, contrast_table
 
     runner = episode_runner or run_records
+    tick = _Ticker(timings)
     tasks = store.rows(inputs["tasks"])
     records = store.rows(inputs["records"])
-    check_leakage(tasks, records, store.rows(inputs["episodes"]))
+    episodes = store.rows(inputs["episodes"])
+    if "online_episodes" in inputs:
+        episodes += store.rows(inputs["online_episodes"], contract="episodes")
+    check_leakage(tasks, records, episodes)
     checkpoints = store.rows(inputs["checkpoints"])
+    tick("guard")
     plan = build_plan(cfg, tasks, records, checkpoints, inputs)
     ph = plan_hash(plan)
     store.write_json(PLAN, plan)
@@ -156,6 +177,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     log.info("evaluation plan %s committed: %d records x %d checkpoints x %d attempts, %d contrasts", ph[:16],
              len(plan["records"]), len(plan["checkpoints"]), plan["attempts"], len(plan["contrasts"]))
 
+    tick("plan")
     task_by_id = {t["task_id"]: t for t in tasks}
     rec_by_id = {r["record_id"]: r for r in records}
     specs = harness_specs(store, inputs["harnesses"])
@@ -189,32 +211,57 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                          sum(r["status"] == "infra_error" for r in again))
                 retries += again
                 pending = [r for r in again if r["status"] == "infra_error"]
+    tick("attempts")
     order = {(p["record_id"]): i for i, p in enumerate(plan["records"])}
     ck_order = {c["name"]: i for i, c in enumerate(plan["checkpoints"])}
     key = lambda r: (r["retry"], ck_order[r["checkpoint"]], order[r["record_id"]], r["attempt"])  # noqa: E731
     rows.sort(key=key)
     retries.sort(key=key)
     sealed = seal_rows(rows + retries, ph)
+    tick("seal")
     ch = cfg.section_hash("policy", "sandbox", "evaluate", "rollout")
     ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()), config_hash=ch,
                       extra={"plan_hash": ph})
+    tick("write")
     cells = cell_table(sealed, plan, plan["min_graded_fraction"])
     contrasts = contrast_table(sealed, plan, cells, alpha=plan["alpha"], resamples=plan["bootstrap_resamples"],
                                power=plan["power"])
     cells_ref = store.write("evaluate", "eval_cells", cells, inputs=[ref], config_hash=ch, extra={"plan_hash": ph})
     con_ref = store.write("evaluate", "eval_contrasts", contrasts, inputs=[ref], config_hash=ch,
                           extra={"plan_hash": ph})
+    tick("stats")
     for c in cells:
         if c["kind"] == "cell":
             log.info("%s / %s%s: graded %d/%d, infra %d, pass@1 %s", c["checkpoint"], c["harness_name"],
                      " (held out)" if c["held_out"] else "", c["graded"], c["planned"], c["infra_errors"],
                      "n/a" if c["pass_at_1"] is None else f"{c['pass_at_1']:.3f}")
     write_exports(store, cfg.name, plan, ph, sealed, cells, contrasts)
+    tick("exports")
     return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref}
 
 
+def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Recompute ``eval_cells`` and ``eval_contrasts`` from the verified rows and the plan (the
+    bootstrap is seeded from the plan) and compare them with the files, row by row."""
+    from tasks.evaluate.stats import cell_table, contrast_table
+
+    cells = cell_table(rows, plan, plan["min_graded_fraction"])
+    want = {"eval_cells": cells,
+            "eval_contrasts": contrast_table(rows, plan, cells, alpha=plan["alpha"],
+                                             resamples=plan["bootstrap_resamples"], power=plan["power"])}
+    for name, expected in want.items():
+        got = store.raw_rows("evaluate", name)
+        if len(got) != len(expected):
+            raise SealError(f"evaluate/{name}.parquet: {len(got)} rows, recomputed {len(expected)}")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if g != e:
+                col = next(k for k in e if g.get(k) != e[k])
+                raise SealError(f"evaluate/{name}.parquet row {i}: {col}={g.get(col)!r}, recomputed {e[col]!r}")
+
+
 def verify_run(store: ArtifactStore) -> VerifyReport:
-    """Recompute the sealed evaluation of a run from its files.
+    """Recompute the sealed evaluation of a run from its files: the plan hash, the checkpoint
+    files, the hash chain, and (when present) the statistics tables recomputed from the rows.
 
     Raises:
         SealError: the plan, a checkpoint's files or a row changed (the message says which).
@@ -230,6 +277,8 @@ def verify_run(store: ArtifactStore) -> VerifyReport:
             return sha256_dir(store.get_dir(ck["path"], Path(tmp) / "ck"))
 
     report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
+    if store.exists("evaluate/eval_cells.parquet"):
+        _verify_stats(store, plan, rows)
     manifest = store.manifest("evaluate", "evaluations")
     file_sha = hashlib.sha256(store.read_bytes("evaluate/evaluations.parquet")).hexdigest()
     if file_sha != manifest["sha256"]:

@@ -186,6 +186,20 @@ def test_evaluate_refuses_test_tasks_in_the_train_records(tmp_path):
     assert not store.exists(PLAN)
 
 
+def test_evaluate_refuses_test_tasks_in_online_training_rollouts(tmp_path):
+    cfg = _cfg()
+    store, refs, tasks, records = _store(tmp_path, cfg)
+    rec = next(r for r in records if r["split"] == "test")
+    ep = {"episode_id": "e0", "record_id": rec["record_id"], "task_id": rec["task_id"], "task_hash": rec["task_hash"],
+          "harness_id": rec["harness_id"], "harness_name": rec["harness_name"], "split": "train", "policy_id": "p",
+          "policy_version": 1, "group_id": "g", "sample_idx": 0, "seed": 0, "reward": 1.0, "success": True,
+          "status": "ok", "num_turns": 1, "input_tokens": 3, "output_tokens": 2, "final_answer": "1"}
+    refs["online_episodes"] = store.write("train", "online_episodes", [ep], contract="episodes")
+    with pytest.raises(LeakageError, match=f"training rollouts: \\['{rec['task_id']}'\\]"):
+        run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner())
+    assert not store.exists(PLAN)
+
+
 def test_a_contrast_naming_an_unknown_checkpoint_is_refused_before_the_plan(tmp_path):
     cfg = _cfg(contrasts=[{"name": "x", "a": {"checkpoint": "step-9", "harness": "direct"},
                            "b": {"checkpoint": "base", "harness": "direct"}}])
@@ -229,6 +243,9 @@ TAMPER = {
                                            lambda r: r.__setitem__(slice(10, 12), [r[11], r[10]])), "row 10"),
     "edited retry original": (lambda rd: _rewrite(rd / "evaluate/evaluations.parquet", _retry_orig),
                               "value was changed"),
+    "edited statistics": (lambda rd: _rewrite(rd / "evaluate/eval_cells.parquet",
+                                               lambda r: r[0].update(graded=r[0]["graded"] + 1)),
+                          "eval_cells.parquet row 0: graded="),
     "swapped checkpoint": (lambda rd: (rd / "train/checkpoints/step-2/adapter_model.safetensors").write_bytes(b"other"),
                            "checkpoint 'final'"),
     "edited plan": (lambda rd: (rd / PLAN).write_text((rd / PLAN).read_text().replace('"attempts": 3', '"attempts": 2')),
