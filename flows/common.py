@@ -23,7 +23,7 @@ StageFn = Callable[[ArtifactStore, RunConfig, dict[str, ArtifactRef]], dict[str,
 
 # Config sections each stage reads (its cache key covers exactly these).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "freeze": ("suites", "split", "harnesses"),
+    "freeze": ("suites", "split", "harnesses", "evaluate"),  # evaluate: its held-out harnesses get test records
     "rollout": ("policy", "sandbox", "rollout"),
     "train": ("policy", "train", "rollout", "sandbox"),
     "evaluate": ("policy", "sandbox", "evaluate", "rollout"),  # rollout: its fan-out shard_size

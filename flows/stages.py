@@ -58,6 +58,8 @@ def evaluate_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], 
                   trained: dict[str, ArtifactRef], force: bool = False) -> dict[str, Any]:
     """Held-out tasks x evaluation harnesses x checkpoints, under a plan sealed before the first attempt."""
     inputs = {**frozen, "episodes": rollouts["episodes"], "checkpoints": trained["checkpoints"]}
+    if "online_episodes" in trained:  # online training's own rollouts: the leakage guard checks them too
+        inputs["online_episodes"] = trained["online_episodes"]
     return _timed("evaluate", evaluate_task, run_dir, cfg, inputs, force)
 
 

@@ -224,7 +224,7 @@ CHECKPOINTS = _register(
 EVALUATIONS = _register(
     Contract(
         "evaluations",
-        1,
+        2,
         _s(
             ("seq", pa.int64()),
             ("eval_id", pa.string()),
@@ -242,6 +242,9 @@ EVALUATIONS = _register(
             ("status", pa.string()),
             ("num_turns", pa.int32()),
             ("output_tokens", pa.int64()),
+            ("final_answer", pa.string()),
+            ("retry", pa.int32()),
+            ("retry_of", pa.string()),
             ("plan_hash", pa.string()),
             ("prev_hash", pa.string()),
             ("seal_hash", pa.string()),
@@ -252,7 +255,79 @@ EVALUATIONS = _register(
             ("between", "reward", 0.0, 1.0),
             ("in_set", "status", STATUS_EVAL),
         ],
-        "A sealed attempt; seal_hash = sha256(prev_hash, row fields); the first prev_hash is the plan hash.",
+        "A sealed attempt; seal_hash = sha256(prev_hash, row fields); the first prev_hash is the plan hash. "
+        "retry > 0: a retry of an infra_error attempt; retry_of = the eval_id of the row it retries (which stays "
+        "in the chain); empty for a first attempt.",
+    )
+)
+
+EVAL_CELLS = _register(
+    Contract(
+        "eval_cells",
+        1,
+        _s(
+            ("kind", pa.string()),
+            ("checkpoint", pa.string()),
+            ("train_harnesses", pa.string()),
+            ("harness_name", pa.string()),
+            ("held_out", pa.bool_()),
+            ("n_tasks", pa.int32()),
+            ("planned", pa.int64()),
+            ("graded", pa.int64()),
+            ("infra_errors", pa.int64()),
+            ("timeouts", pa.int64()),
+            ("graded_fraction", pa.float64()),
+            ("counted", pa.bool_()),
+            ("k", pa.int32()),
+            ("pass_at_1", pa.float64()),
+            ("pass_at_k", pa.float64()),
+            ("avg_at_k", pa.float64()),
+        ),
+        [
+            ("in_set", "kind", ["cell", "row_mean", "col_mean"]),
+            ("compound_unique", ("kind", "checkpoint", "harness_name")),
+            ("between", "graded_fraction", 0.0, 1.0),
+        ],
+        "The train-harness x eval-harness matrix of a sealed evaluation: one 'cell' row per (checkpoint, "
+        "harness) with pass@1, unbiased pass@k and avg@k over graded attempts (infra errors left out of "
+        "denominators, counted apart); 'row_mean' rows (harness_name '*') average a checkpoint's counted cells, "
+        "'col_mean' rows (checkpoint '*') a harness's. counted = graded_fraction >= evaluate.min_graded_fraction; "
+        "metrics of an uncounted cell are null.",
+    )
+)
+
+EVAL_CONTRASTS = _register(
+    Contract(
+        "eval_contrasts",
+        1,
+        _s(
+            ("name", pa.string()),
+            ("a_checkpoint", pa.string()),
+            ("a_harness", pa.string()),
+            ("b_checkpoint", pa.string()),
+            ("b_harness", pa.string()),
+            ("held_out", pa.bool_()),
+            ("status", pa.string()),
+            ("n_tasks", pa.int32()),
+            ("a_mean", pa.float64()),
+            ("b_mean", pa.float64()),
+            ("estimate", pa.float64()),
+            ("ci_low", pa.float64()),
+            ("ci_high", pa.float64()),
+            ("p_value", pa.float64()),
+            ("p_bonferroni", pa.float64()),
+            ("alpha", pa.float64()),
+            ("m_contrasts", pa.int32()),
+            ("sd_diff", pa.float64()),
+            ("mdd", pa.float64()),
+            ("power", pa.float64()),
+            ("resamples", pa.int64()),
+            ("seed", pa.int64()),
+        ),
+        [("unique", "name"), ("in_set", "status", ["ok", "cell_not_counted", "no_common_tasks"])],
+        "A pre-registered contrast a - b of per-task success rates on the tasks both arms graded: task-clustered "
+        "paired bootstrap percentile CI at Bonferroni-adjusted level alpha/m, bootstrap p-value (x m, capped at "
+        "1), and the minimum detectable difference at the given power (paired normal approximation).",
     )
 )
 

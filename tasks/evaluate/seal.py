@@ -6,6 +6,8 @@
   ``seal_hash = sha256([prev_hash, payload_i])``, where ``payload_i`` is every other column.
 - :func:`verify_chain` recomputes all of it from the files: a flipped reward, a dropped, added or
   reordered row, an edited plan or a swapped checkpoint file breaks it at a named row.
+- A retry of an ``infra_error`` attempt is a new row (``retry`` = 1, 2, ...) whose ``retry_of``
+  is the eval_id of the earlier row it retries; the original stays in the chain.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def seal_rows(rows: Iterable[dict[str, Any]], p_hash: str) -> list[dict[str, Any
 
 @dataclass(frozen=True)
 class VerifyReport:
+    """What :func:`verify_chain` checked: the plan hash, the row count and the chain head."""
+
     plan_hash: str
     rows: int
     head: str  # seal_hash of the last row: the one value that commits to everything
@@ -79,8 +83,10 @@ def verify_chain(plan: dict[str, Any], recorded_plan_hash: str, rows: list[dict[
                     raise SealError(f"checkpoint {ck['name']!r}: files hash {now[:16]}... != planned {ck['adapter_sha256'][:16]}...")
     expected_cells = {(rec["record_id"], ck["name"], rec["harness_name"], a)
                       for rec in plan["records"] for ck in plan["checkpoints"] for a in range(plan["attempts"])}
+    max_retries = int(plan.get("infra_retries", 0))
     prev = ph
     seen = set()
+    by_try: dict[tuple, dict[str, Any]] = {}  # (cell, retry) -> row
     for i, row in enumerate(rows):
         where = f"row {i} (seq={row.get('seq')}, eval_id={str(row.get('eval_id'))[:12]})"
         if row.get("seq") != i:
@@ -95,11 +101,26 @@ def verify_chain(plan: dict[str, Any], recorded_plan_hash: str, rows: list[dict[
         cell = (row["record_id"], row["checkpoint"], row["harness_name"], row["attempt"])
         if cell not in expected_cells:
             raise SealError(f"{where}: attempt {cell} is not in the plan")
-        if cell in seen:
-            raise SealError(f"{where}: attempt {cell} appears twice")
+        retry = int(row.get("retry") or 0)
+        if retry:
+            if retry > max_retries:
+                raise SealError(f"{where}: retry {retry} of {cell} exceeds the plan's infra_retries={max_retries}")
+            orig = by_try.get((cell, retry - 1))
+            if orig is None or row.get("retry_of") != orig.get("eval_id") or orig.get("status") != "infra_error":
+                raise SealError(f"{where}: retry {retry} of {cell} does not refer to an earlier infra_error row of "
+                                "that attempt (retry_of)")
+        elif row.get("retry_of"):
+            raise SealError(f"{where}: a first attempt with retry_of={row.get('retry_of')!r}")
+        if (cell, retry) in by_try:
+            raise SealError(f"{where}: attempt {cell} (retry {retry}) appears twice")
+        by_try[(cell, retry)] = row
         seen.add(cell)
         prev = row["seal_hash"]
     missing = expected_cells - seen
     if missing:
         raise SealError(f"{len(missing)} planned attempt(s) have no row, e.g. {sorted(missing)[0]}")
+    for (cell, retry), row in by_try.items():
+        if row.get("status") == "infra_error" and retry < max_retries and (cell, retry + 1) not in by_try:
+            raise SealError(f"attempt {cell}: infra_error at retry {retry} but the plan's infra_retries={max_retries} "
+                            "retry row is missing")
     return VerifyReport(plan_hash=ph, rows=len(rows), head=prev)

@@ -1,10 +1,13 @@
 """The evaluate stage: sealed evaluation of the test split.
 
 Order of operations (the point of sealing):
-1. leakage guard: no test-split task hash may appear in the training rollouts;
-2. the plan (test records, checkpoints + adapter SHA-256s, harnesses, attempts, seeds) is written
-   and its hash committed (``evaluate/plan.json``, ``evaluate/plan.sha256``) before any attempt;
-3. every attempt runs; rows are chained to the plan hash in plan order and written.
+1. leakage guard: no test-split task hash may appear in the training rollouts or train records;
+2. the plan (test records, checkpoints + adapter SHA-256s, harnesses with the held-out ones
+   marked, attempts, seeds, pre-registered contrasts, coverage and retry rules) is written and its
+   hash committed (``evaluate/plan.json``, ``evaluate/plan.sha256``) before any attempt;
+3. every attempt runs, then up to ``infra_retries`` retries of infra_error attempts (new rows
+   referring to the original); rows are chained to the plan hash (plan order, retries after)
+   and written; then the statistics (``eval_cells``, ``eval_contrasts``) and the exports.
 ``harnessrl verify RUN_DIR`` recomputes everything (:func:`verify_run`).
 """
 
@@ -13,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
@@ -30,50 +34,156 @@ PLAN = "evaluate/plan.json"
 PLAN_HASH = "evaluate/plan.sha256"
 
 
+class _Ticker:
+    """Adds the seconds since the previous call to ``timings[phase]`` (no-op without a dict)."""
+
+    def __init__(self, timings: dict[str, float] | None):
+        self.timings, self.t = timings, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.timings is not None:
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self.t
+        self.t = now
+
+
+def default_contrasts(checkpoints: list[dict[str, Any]], harnesses: list[str]) -> list[dict[str, Any]]:
+    """``final - base`` under each evaluation harness (none when either checkpoint is absent)."""
+    names = {c["name"] for c in checkpoints}
+    if not {"base", "final"} <= names:
+        return []
+    return [{"name": f"final-vs-base:{h}", "a": {"checkpoint": "final", "harness": h},
+             "b": {"checkpoint": "base", "harness": h}} for h in harnesses]
+
+
 def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[str, Any]],
                checkpoints: list[dict[str, Any]], inputs: dict[str, ArtifactRef]) -> dict[str, Any]:
-    """The evaluation plan: every (test record, checkpoint, attempt) that will run, and how."""
+    """The evaluation plan: every (test record, checkpoint, attempt) that will run, and how, with
+    the pre-registered contrasts and the held-out (evaluation-only) harnesses marked.
+
+    Raises:
+        ValueError: no test record under an evaluation harness, or a contrast names a checkpoint
+            that is not evaluated (the message names the contrast and the checkpoint).
+    """
     eval_names = cfg.eval_harnesses()
     recs = sorted((r for r in records if r["split"] == "test" and r["harness_name"] in eval_names),
                   key=lambda r: (r["harness_name"], r["record_id"]))
     if not recs:
         raise ValueError("evaluate: no test-split records under the evaluation harnesses")
+    missing = sorted(set(eval_names) - {r["harness_name"] for r in recs})
+    if missing:
+        raise ValueError(f"evaluate: no test-split records for evaluation harness(es) {missing} "
+                         "(freeze again: the records predate evaluate.harnesses?)")
+    ck_names = [c["name"] for c in checkpoints]
+    if cfg.evaluate.contrasts is None:
+        contrasts = default_contrasts(checkpoints, sorted(eval_names))
+    else:
+        contrasts = [c.model_dump(mode="json") for c in cfg.evaluate.contrasts]
+        for c in contrasts:
+            for side in ("a", "b"):
+                if c[side]["checkpoint"] not in ck_names:
+                    raise ValueError(f"evaluate.contrasts[{c['name']!r}].{side}.checkpoint="
+                                     f"{c[side]['checkpoint']!r} is not a checkpoint of this run {ck_names}")
+    trained_on = "+".join(cfg.harnesses)
     return {
-        "version": 1,
-        "records": [{"record_id": r["record_id"], "task_hash": r["task_hash"], "harness_name": r["harness_name"],
-                     "harness_id": r["harness_id"]} for r in recs],
+        "version": 2,
+        "records": [{"record_id": r["record_id"], "task_id": r["task_id"], "task_hash": r["task_hash"],
+                     "harness_name": r["harness_name"], "harness_id": r["harness_id"]} for r in recs],
         "checkpoints": [{"name": c["name"], "path": c["path"], "adapter_sha256": c["adapter_sha256"],
-                         "base_model_id": c["base_model_id"]} for c in checkpoints],
+                         "base_model_id": c["base_model_id"],
+                         "train_harnesses": trained_on if c["path"] else ""} for c in checkpoints],
         "harnesses": sorted(eval_names),
+        "held_out": sorted(cfg.held_out_harnesses()),
         "attempts": cfg.evaluate.attempts,
         "seed": cfg.evaluate.seed,
+        "contrasts": contrasts,
+        "min_graded_fraction": cfg.evaluate.min_graded_fraction,
+        "infra_retries": cfg.evaluate.infra_retries,
+        "alpha": cfg.evaluate.alpha,
+        "bootstrap_resamples": cfg.evaluate.bootstrap_resamples,
+        "power": cfg.evaluate.power,
         "policy": cfg.policy.model_dump(mode="json"),
         "sandbox": cfg.sandbox.model_dump(mode="json"),
         "inputs": {k: v.sha256 for k, v in sorted(inputs.items())},
     }
 
 
-def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
-    """Plan, seal, run and write the ``evaluations`` artifact."""
-    tasks = store.rows(inputs["tasks"])
+def check_leakage(tasks: list[dict[str, Any]], records: list[dict[str, Any]], episodes: list[dict[str, Any]]) -> None:
+    """Refuse when a test-split task hash appears in the training rollouts or in the train-split
+    records.
+
+    Raises:
+        LeakageError: listing (up to 10 of) the leaked task ids and where they were found.
+    """
     test_hashes = {t["task_hash"]: t["task_id"] for t in tasks if t["split"] == "test"}
-    leaked = sorted({test_hashes[e["task_hash"]] for e in store.rows(inputs["episodes"]) if e["task_hash"] in test_hashes})
-    if leaked:
-        raise LeakageError(f"evaluate: {len(leaked)} test-split task(s) appear in the training rollouts: {leaked[:10]}")
+    where = {
+        "the training rollouts": sorted({test_hashes[e["task_hash"]] for e in episodes if e["task_hash"] in test_hashes}),
+        "the train records": sorted({test_hashes[r["task_hash"]] for r in records
+                                     if r["split"] == "train" and r["task_hash"] in test_hashes}),
+    }
+    found = {k: v for k, v in where.items() if v}
+    if found:
+        n = len(set().union(*found.values()))
+        raise LeakageError(f"evaluate: {n} test-split task(s) appear in "
+                           + "; ".join(f"{k}: {v[:10]}" for k, v in found.items()))
+
+
+def _row(e: dict[str, Any], r: dict[str, Any], ck: dict[str, Any], attempt: int, retry: int, retry_of: str
+         ) -> dict[str, Any]:
+    status = e["status"] if e["status"] != "ok" else ("resolved" if e["success"] else "unresolved")
+    return {
+        "eval_id": e["episode_id"], "record_id": r["record_id"], "task_id": r["task_id"],
+        "task_hash": r["task_hash"], "checkpoint": ck["name"], "adapter_sha256": ck["adapter_sha256"],
+        "harness_id": r["harness_id"], "harness_name": r["harness_name"], "attempt": attempt,
+        "seed": e["seed"], "reward": e["reward"], "resolved": status == "resolved", "status": status,
+        "num_turns": e["num_turns"], "output_tokens": e["output_tokens"], "final_answer": e.get("final_answer") or "",
+        "retry": retry, "retry_of": retry_of,
+    }
+
+
+def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], *,
+                 episode_runner: Callable[..., tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = None,
+                 timings: dict[str, float] | None = None) -> dict[str, ArtifactRef]:
+    """Guard, plan, seal, run; write ``evaluations``, ``eval_cells``, ``eval_contrasts`` and the
+    exports (:mod:`tasks.evaluate.exports`).
+
+    Args:
+        episode_runner: a function with :func:`tasks.rollout.stage.run_records`'s signature and
+            return value (default: that function). The bookkeeping benchmark passes a scripted one.
+        timings: if given, filled with the seconds spent in each phase (``guard``, ``plan``,
+            ``attempts``, ``seal``, ``write``, ``stats``, ``exports``).
+
+    Raises:
+        LeakageError: a test-split task is in the training rollouts or train records.
+        ValueError: see :func:`build_plan`; a checkpoint's files changed since training.
+    """
+    from tasks.evaluate.exports import write_exports
+    from tasks.evaluate.stats import cell_table, contrast_table
+
+    runner = episode_runner or run_records
+    tick = _Ticker(timings)
+    tasks = store.rows(inputs["tasks"])
     records = store.rows(inputs["records"])
+    episodes = store.rows(inputs["episodes"])
+    if "online_episodes" in inputs:
+        episodes += store.rows(inputs["online_episodes"], contract="episodes")
+    check_leakage(tasks, records, episodes)
     checkpoints = store.rows(inputs["checkpoints"])
+    tick("guard")
     plan = build_plan(cfg, tasks, records, checkpoints, inputs)
     ph = plan_hash(plan)
     store.write_json(PLAN, plan)
     store.write_text(PLAN_HASH, ph + "\n")
-    log.info("evaluation plan %s committed: %d records x %d checkpoints x %d attempts", ph[:16],
-             len(plan["records"]), len(plan["checkpoints"]), plan["attempts"])
+    log.info("evaluation plan %s committed: %d records x %d checkpoints x %d attempts, %d contrasts", ph[:16],
+             len(plan["records"]), len(plan["checkpoints"]), plan["attempts"], len(plan["contrasts"]))
 
+    tick("plan")
     task_by_id = {t["task_id"]: t for t in tasks}
     rec_by_id = {r["record_id"]: r for r in records}
     specs = harness_specs(store, inputs["harnesses"])
     plan_recs = [rec_by_id[p["record_id"]] for p in plan["records"]]
     rows: list[dict[str, Any]] = []
+    retries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:
         for ck in plan["checkpoints"]:
             adapter = None
@@ -82,29 +192,76 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                 if sha256_dir(adapter) != ck["adapter_sha256"]:
                     raise ValueError(f"checkpoint {ck['name']}: files changed since training")
             policy = PolicySource.of(cfg, adapter)  # loaded once per process by whichever runner runs it
-            eps, _ = run_records(policy, cfg, specs, task_by_id, plan_recs, plan["attempts"],
-                                 seed_from(plan["seed"], ck["name"]), f"eval:{ck['name']}")
-            for e in eps:
-                r = e.pop("record")
-                status = e["status"] if e["status"] != "ok" else ("resolved" if e["success"] else "unresolved")
-                rows.append({
-                    "eval_id": e["episode_id"], "record_id": r["record_id"], "task_id": r["task_id"],
-                    "task_hash": r["task_hash"], "checkpoint": ck["name"], "adapter_sha256": ck["adapter_sha256"],
-                    "harness_id": r["harness_id"], "harness_name": r["harness_name"], "attempt": e["sample_idx"],
-                    "seed": e["seed"], "reward": e["reward"], "resolved": status == "resolved", "status": status,
-                    "num_turns": e["num_turns"], "output_tokens": e["output_tokens"],
-                })
+            eps, _ = runner(policy, cfg, specs, task_by_id, plan_recs, plan["attempts"],
+                            seed_from(plan["seed"], ck["name"]), f"eval:{ck['name']}")
+            ck_rows = [_row(e, e["record"], ck, e["sample_idx"], 0, "") for e in eps]
+            rows += ck_rows
+            pending = [r for r in ck_rows if r["status"] == "infra_error"]
+            for n in range(1, plan["infra_retries"] + 1):
+                if not pending:
+                    break
+                again = []
+                for a in sorted({r["attempt"] for r in pending}):
+                    orig = {r["record_id"]: r for r in pending if r["attempt"] == a}
+                    recs = [rec_by_id[i] for i in sorted(orig)]
+                    eps, _ = runner(policy, cfg, specs, task_by_id, recs, 1, seed_from(plan["seed"], ck["name"], "retry", n, a),
+                                    f"eval:{ck['name']}:retry{n}:attempt{a}")
+                    again += [_row(e, e["record"], ck, a, n, orig[e["record"]["record_id"]]["eval_id"]) for e in eps]
+                log.info("%s: retry %d of %d infra_error attempt(s): %d still infra_error", ck["name"], n, len(pending),
+                         sum(r["status"] == "infra_error" for r in again))
+                retries += again
+                pending = [r for r in again if r["status"] == "infra_error"]
+    tick("attempts")
     order = {(p["record_id"]): i for i, p in enumerate(plan["records"])}
     ck_order = {c["name"]: i for i, c in enumerate(plan["checkpoints"])}
-    rows.sort(key=lambda r: (ck_order[r["checkpoint"]], order[r["record_id"]], r["attempt"]))
-    sealed = seal_rows(rows, ph)
-    ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()),
-                      config_hash=cfg.section_hash("policy", "sandbox", "evaluate", "rollout"), extra={"plan_hash": ph})
-    return {"evaluations": ref}
+    key = lambda r: (r["retry"], ck_order[r["checkpoint"]], order[r["record_id"]], r["attempt"])  # noqa: E731
+    rows.sort(key=key)
+    retries.sort(key=key)
+    sealed = seal_rows(rows + retries, ph)
+    tick("seal")
+    ch = cfg.section_hash("policy", "sandbox", "evaluate", "rollout")
+    ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()), config_hash=ch,
+                      extra={"plan_hash": ph})
+    tick("write")
+    cells = cell_table(sealed, plan, plan["min_graded_fraction"])
+    contrasts = contrast_table(sealed, plan, cells, alpha=plan["alpha"], resamples=plan["bootstrap_resamples"],
+                               power=plan["power"])
+    cells_ref = store.write("evaluate", "eval_cells", cells, inputs=[ref], config_hash=ch, extra={"plan_hash": ph})
+    con_ref = store.write("evaluate", "eval_contrasts", contrasts, inputs=[ref], config_hash=ch,
+                          extra={"plan_hash": ph})
+    tick("stats")
+    for c in cells:
+        if c["kind"] == "cell":
+            log.info("%s / %s%s: graded %d/%d, infra %d, pass@1 %s", c["checkpoint"], c["harness_name"],
+                     " (held out)" if c["held_out"] else "", c["graded"], c["planned"], c["infra_errors"],
+                     "n/a" if c["pass_at_1"] is None else f"{c['pass_at_1']:.3f}")
+    write_exports(store, cfg.name, plan, ph, sealed, cells, contrasts)
+    tick("exports")
+    return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref}
+
+
+def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Recompute ``eval_cells`` and ``eval_contrasts`` from the verified rows and the plan (the
+    bootstrap is seeded from the plan) and compare them with the files, row by row."""
+    from tasks.evaluate.stats import cell_table, contrast_table
+
+    cells = cell_table(rows, plan, plan["min_graded_fraction"])
+    want = {"eval_cells": cells,
+            "eval_contrasts": contrast_table(rows, plan, cells, alpha=plan["alpha"],
+                                             resamples=plan["bootstrap_resamples"], power=plan["power"])}
+    for name, expected in want.items():
+        got = store.raw_rows("evaluate", name)
+        if len(got) != len(expected):
+            raise SealError(f"evaluate/{name}.parquet: {len(got)} rows, recomputed {len(expected)}")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if g != e:
+                col = next(k for k in e if g.get(k) != e[k])
+                raise SealError(f"evaluate/{name}.parquet row {i}: {col}={g.get(col)!r}, recomputed {e[col]!r}")
 
 
 def verify_run(store: ArtifactStore) -> VerifyReport:
-    """Recompute the sealed evaluation of a run from its files.
+    """Recompute the sealed evaluation of a run from its files: the plan hash, the checkpoint
+    files, the hash chain, and (when present) the statistics tables recomputed from the rows.
 
     Raises:
         SealError: the plan, a checkpoint's files or a row changed (the message says which).
@@ -120,6 +277,8 @@ def verify_run(store: ArtifactStore) -> VerifyReport:
             return sha256_dir(store.get_dir(ck["path"], Path(tmp) / "ck"))
 
     report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
+    if store.exists("evaluate/eval_cells.parquet"):
+        _verify_stats(store, plan, rows)
     manifest = store.manifest("evaluate", "evaluations")
     file_sha = hashlib.sha256(store.read_bytes("evaluate/evaluations.parquet")).hexdigest()
     if file_sha != manifest["sha256"]:

@@ -1,8 +1,16 @@
-"""Evaluation statistics."""
+"""Evaluation statistics: unbiased pass@k, the checkpoint x harness matrix of a sealed
+evaluation, task-clustered paired bootstrap CIs for pre-registered contrasts with Bonferroni
+correction, and the minimum detectable difference (METHODS.md, P4)."""
 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from tasks.hashing import seed_from
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -31,3 +39,217 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def mean(values: list[float]) -> float:
     """Arithmetic mean; NaN for an empty list."""
     return math.fsum(values) / len(values) if values else float("nan")
+
+
+# ---- sealed-evaluation statistics ------------------------------------------------------------
+
+GRADED = ("resolved", "unresolved", "timeout")  # timeout = a graded failure; infra_error is not graded
+
+
+def final_attempts(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, int], dict[str, Any]]:
+    """The outcome of every planned attempt: for each (checkpoint, harness_name, record_id,
+    attempt) the row with the highest ``retry`` (a retry of an infra_error replaces it as the
+    attempt's outcome; the original stays in the chain). Rows need ``checkpoint``,
+    ``harness_name``, ``record_id``, ``attempt``, ``retry``."""
+    out: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["checkpoint"], r["harness_name"], r["record_id"], r["attempt"])
+        if key not in out or r["retry"] > out[key]["retry"]:
+            out[key] = r
+    return out
+
+
+def _per_task(finals: dict[tuple[str, str, str, int], dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[dict]]]:
+    cells: dict[tuple[str, str], dict[str, list[dict]]] = {}
+    for (ck, h, _rid, _a), r in finals.items():
+        cells.setdefault((ck, h), {}).setdefault(r["task_id"], []).append(r)
+    return cells
+
+
+def cell_table(rows: list[dict[str, Any]], plan: dict[str, Any], min_graded_fraction: float) -> list[dict[str, Any]]:
+    """Rows of the ``eval_cells`` artifact (schemas/contracts.py): the checkpoint x harness matrix.
+
+    Per (checkpoint, harness) cell, over each planned attempt's final outcome
+    (:func:`final_attempts`): ``graded`` = resolved + unresolved + timeout, ``infra_errors``
+    left out of every denominator and reported apart, ``graded_fraction`` = graded / planned,
+    ``counted`` = graded_fraction >= ``min_graded_fraction`` (METHODS.md P4: 95%). For a counted
+    cell: ``pass_at_1`` = mean over tasks of c/n (the unbiased pass@1), ``pass_at_k`` = mean over
+    tasks with >= k graded attempts of :func:`pass_at_k` (k = the plan's attempts), ``avg_at_k``
+    = mean over tasks of the mean reward of the graded attempts (= pass@1 for binary rewards).
+    ``row_mean`` rows (harness ``*``) average a checkpoint's counted cells, ``col_mean`` rows
+    (checkpoint ``*``) a harness's; None where no cell counts.
+
+    Args:
+        rows: sealed evaluation rows (``status``, ``resolved``, ``reward``, ``task_id``, ...).
+        plan: the evaluation plan (``records``, ``checkpoints``, ``attempts``, ``held_out``).
+        min_graded_fraction: in (0, 1].
+
+    Raises:
+        ValueError: ``min_graded_fraction`` outside (0, 1].
+    """
+    if not (0.0 < min_graded_fraction <= 1.0):
+        raise ValueError(f"min_graded_fraction must be in (0, 1], got {min_graded_fraction}")
+    k = int(plan["attempts"])
+    held = set(plan.get("held_out", []))
+    tasks_per_h: dict[str, int] = {}
+    for rec in plan["records"]:
+        tasks_per_h[rec["harness_name"]] = tasks_per_h.get(rec["harness_name"], 0) + 1
+    per = _per_task(final_attempts(rows))
+    out = []
+    for ck in plan["checkpoints"]:
+        for h in plan["harnesses"]:
+            tasks = per.get((ck["name"], h), {})
+            flat = [r for rs in tasks.values() for r in rs]
+            infra = sum(r["status"] == "infra_error" for r in flat)
+            timeouts = sum(r["status"] == "timeout" for r in flat)
+            planned = tasks_per_h.get(h, 0) * k
+            graded = sum(r["status"] in GRADED for r in flat)
+            frac = graded / planned if planned else 0.0
+            counted = planned > 0 and frac >= min_graded_fraction
+            p1 = pk = avg = None
+            if counted:
+                g = [[r for r in rs if r["status"] in GRADED] for rs in tasks.values()]
+                g = [x for x in g if x]
+                p1 = mean([sum(r["resolved"] for r in x) / len(x) for x in g])
+                pks = [pass_at_k(len(x), sum(r["resolved"] for r in x), k) for x in g if len(x) >= k]
+                pk = mean(pks) if pks else None
+                avg = mean([math.fsum(r["reward"] for r in x) / len(x) for x in g])
+            out.append({"kind": "cell", "checkpoint": ck["name"], "train_harnesses": ck.get("train_harnesses", ""),
+                        "harness_name": h, "held_out": h in held, "n_tasks": tasks_per_h.get(h, 0),
+                        "planned": planned, "graded": graded, "infra_errors": infra, "timeouts": timeouts,
+                        "graded_fraction": frac, "counted": counted, "k": k,
+                        "pass_at_1": p1, "pass_at_k": pk, "avg_at_k": avg})
+    cells = list(out)
+
+    def agg(kind: str, ck: str, th: str, h: str, sel: list[dict[str, Any]]) -> dict[str, Any]:
+        ok = [c for c in sel if c["counted"]]
+
+        def m(col: str) -> float | None:
+            vals = [c[col] for c in ok if c[col] is not None]
+            return mean(vals) if vals else None
+
+        planned = sum(c["planned"] for c in sel)
+        graded = sum(c["graded"] for c in sel)
+        return {"kind": kind, "checkpoint": ck, "train_harnesses": th, "harness_name": h,
+                "held_out": all(c["held_out"] for c in sel) and bool(sel), "n_tasks": sum(c["n_tasks"] for c in sel),
+                "planned": planned, "graded": graded, "infra_errors": sum(c["infra_errors"] for c in sel),
+                "timeouts": sum(c["timeouts"] for c in sel), "graded_fraction": graded / planned if planned else 0.0,
+                "counted": bool(ok), "k": k, "pass_at_1": m("pass_at_1"), "pass_at_k": m("pass_at_k"),
+                "avg_at_k": m("avg_at_k")}
+
+    for ck in plan["checkpoints"]:
+        out.append(agg("row_mean", ck["name"], ck.get("train_harnesses", ""), "*",
+                       [c for c in cells if c["checkpoint"] == ck["name"]]))
+    for h in plan["harnesses"]:
+        out.append(agg("col_mean", "*", "", h, [c for c in cells if c["harness_name"] == h]))
+    return out
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, resamples: int, seed: int, level: float
+                     ) -> tuple[float, float, float, float]:
+    """Task-clustered paired bootstrap of ``mean(a - b)``.
+
+    ``a[i]`` and ``b[i]`` are the two arms' scores on task i (float64 arrays of shape (n,)); each
+    resample draws n task indices with replacement (numpy ``default_rng(seed)``) and keeps the
+    pairing, so within-task correlation is respected (Efron & Tibshirani 1993, "An Introduction to
+    the Bootstrap", ch. 13 percentile interval). Vectorised: one (resamples, n) index matrix.
+
+    Returns:
+        ``(estimate, ci_low, ci_high, p_value)``: the observed mean difference, the percentile
+        interval at confidence ``level``, and the two-sided bootstrap p-value
+        ``min(1, 2 * min(P*(d <= 0), P*(d >= 0)))``.
+
+    Raises:
+        ValueError: shapes differ, n == 0, ``resamples`` < 1 or ``level`` outside (0, 1).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"paired_bootstrap needs two equal-length non-empty 1-d arrays, got {a.shape} and {b.shape}")
+    if resamples < 1 or not (0.0 < level < 1.0):
+        raise ValueError(f"paired_bootstrap: resamples={resamples} must be >= 1 and level={level} in (0, 1)")
+    d = a - b
+    n = d.size
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(resamples, n), dtype=np.int32)
+    boot = d[idx].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(boot, [tail, 1.0 - tail])
+    p = min(1.0, 2.0 * min(float(np.mean(boot <= 0.0)), float(np.mean(boot >= 0.0))))
+    return float(d.mean()), float(lo), float(hi), p
+
+
+def min_detectable_difference(sd_diff: float, n: int, alpha: float, m: int, power: float) -> float:
+    """Minimum detectable difference of a paired two-sided test at Bonferroni level alpha/m:
+
+        MDD = (z_{1 - alpha / (2 m)} + z_{power}) * sd_diff / sqrt(n)
+
+    (paired normal approximation; e.g. Chow, Shao & Wang, "Sample Size Calculations in Clinical
+    Research", 2nd ed., sec. 3.1, solved for the difference). ``sd_diff`` is the sample standard
+    deviation of the per-task differences, ``n`` the number of tasks.
+
+    Raises:
+        ValueError: n < 1, m < 1, alpha or power outside (0, 1), or sd_diff < 0.
+    """
+    if n < 1 or m < 1 or not (0 < alpha < 1) or not (0 < power < 1) or sd_diff < 0:
+        raise ValueError(f"min_detectable_difference: bad input sd_diff={sd_diff}, n={n}, alpha={alpha}, m={m}, "
+                         f"power={power}")
+    z = NormalDist()
+    return (z.inv_cdf(1.0 - alpha / (2 * m)) + z.inv_cdf(power)) * sd_diff / math.sqrt(n)
+
+
+def contrast_table(rows: list[dict[str, Any]], plan: dict[str, Any], cells: list[dict[str, Any]], *,
+                   alpha: float, resamples: int, power: float) -> list[dict[str, Any]]:
+    """Rows of the ``eval_contrasts`` artifact: each pre-registered contrast in ``plan["contrasts"]``
+    (``{name, a: {checkpoint, harness}, b: {...}}``) as ``a - b`` of per-task success rates
+    (resolved / graded final attempts) on the tasks both arms graded.
+
+    Bonferroni over the m contrasts: each CI is at level ``1 - alpha/m`` and each p-value is
+    multiplied by m (capped at 1). The bootstrap seed of a contrast is
+    ``seed_from(plan["seed"], "bootstrap", name)``. A contrast whose arm's cell is not counted
+    (below the graded fraction) gets status ``cell_not_counted`` and null numbers; one with no
+    task graded by both arms ``no_common_tasks``.
+    """
+    contrasts = plan["contrasts"]
+    m = len(contrasts)
+    held = set(plan.get("held_out", []))
+    counted = {(c["checkpoint"], c["harness_name"]): c["counted"] for c in cells if c["kind"] == "cell"}
+    per = _per_task(final_attempts(rows))
+
+    def scores(ck: str, h: str) -> dict[str, float]:
+        out = {}
+        for t, rs in per.get((ck, h), {}).items():
+            g = [r for r in rs if r["status"] in GRADED]
+            if g:
+                out[t] = sum(r["resolved"] for r in g) / len(g)
+        return out
+
+    out = []
+    for c in contrasts:
+        a, b = c["a"], c["b"]
+        seed = seed_from(plan["seed"], "bootstrap", c["name"])
+        row: dict[str, Any] = {"name": c["name"], "a_checkpoint": a["checkpoint"], "a_harness": a["harness"],
+                               "b_checkpoint": b["checkpoint"], "b_harness": b["harness"],
+                               "held_out": a["harness"] in held or b["harness"] in held, "status": "ok", "n_tasks": 0,
+                               "a_mean": None, "b_mean": None, "estimate": None, "ci_low": None, "ci_high": None,
+                               "p_value": None, "p_bonferroni": None, "alpha": alpha, "m_contrasts": m,
+                               "sd_diff": None, "mdd": None, "power": power, "resamples": resamples, "seed": seed}
+        if not (counted.get((a["checkpoint"], a["harness"])) and counted.get((b["checkpoint"], b["harness"]))):
+            row["status"] = "cell_not_counted"
+            out.append(row)
+            continue
+        sa, sb = scores(a["checkpoint"], a["harness"]), scores(b["checkpoint"], b["harness"])
+        common = sorted(set(sa) & set(sb))
+        if not common:
+            row["status"] = "no_common_tasks"
+            out.append(row)
+            continue
+        va = np.array([sa[t] for t in common])
+        vb = np.array([sb[t] for t in common])
+        est, lo, hi, p = paired_bootstrap(va, vb, resamples, seed, 1.0 - alpha / m)
+        sd = float(np.std(va - vb, ddof=1)) if len(common) > 1 else 0.0
+        row.update(n_tasks=len(common), a_mean=float(va.mean()), b_mean=float(vb.mean()), estimate=est, ci_low=lo,
+                   ci_high=hi, p_value=p, p_bonferroni=min(1.0, p * m), sd_diff=sd,
+                   mdd=min_detectable_difference(sd, len(common), alpha, m, power))
+        out.append(row)
+    return out

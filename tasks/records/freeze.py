@@ -36,6 +36,10 @@ def record_id(task_hash: str, harness_id: str, seed: int) -> str:
 def freeze_tables(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Build the rows of the ``tasks``, ``harnesses`` and ``records`` artifacts.
 
+    Evaluation-only harnesses (:meth:`RunConfig.held_out_harnesses`) are frozen after the
+    training harnesses; they get records for test-split tasks only, so rollout and training (which
+    take train-split records) never run them.
+
     Raises:
         ValueError: a suite yields two tasks with the same task_id, or no task at all.
         HarnessError: a harness spec cannot be loaded.
@@ -58,7 +62,9 @@ def freeze_tables(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
             task_rows.append(t.to_row(splits[h]))
 
     specs: list[HarnessSpec] = [load_harness(name) for name in cfg.harnesses]
-    harness_rows = [s.to_row() for s in specs]
+    # evaluation-only (held-out) harnesses: their specs are frozen too, their records are test-only
+    held_out = [load_harness(name) for name in cfg.held_out_harnesses()]
+    harness_rows = [s.to_row() for s in specs + held_out]
 
     driven = {env for s in specs for env in s.environments}
     orphans = sorted({(t["suite"], t["environment"]) for t in task_rows if t["environment"] not in driven})
@@ -80,5 +86,18 @@ def freeze_tables(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
         for t in task_rows
         for s in specs
         if t["environment"] in s.environments
+    ] + [
+        {
+            "record_id": record_id(t["task_hash"], s.harness_id, cfg.seed),
+            "task_id": t["task_id"],
+            "task_hash": t["task_hash"],
+            "harness_id": s.harness_id,
+            "harness_name": s.name,
+            "split": "test",
+            "seed": cfg.seed,
+        }
+        for t in task_rows
+        for s in held_out
+        if t["split"] == "test" and t["environment"] in s.environments
     ]
     return task_rows, harness_rows, record_rows

@@ -14,7 +14,7 @@ log = logging.getLogger("harnessrl.freeze")
 def run_freeze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
     """Freeze the configured suites x harnesses. ``inputs`` is empty (freeze reads only the config)."""
     tasks, harnesses, records = freeze_tables(cfg)
-    ch = cfg.section_hash("suites", "split", "harnesses")
+    ch = cfg.section_hash("suites", "split", "harnesses", "evaluate")
     t = store.write("freeze", "tasks", tasks, config_hash=ch)
     h = store.write("freeze", "harnesses", harnesses, config_hash=ch)
     r = store.write("freeze", "records", records, inputs=[t, h], config_hash=ch)

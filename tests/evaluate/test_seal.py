@@ -67,3 +67,44 @@ def test_a_resealed_chain_with_changed_values_still_fails_against_the_committed_
                         for r in rows], plan_hash(plan2))
     with pytest.raises(SealError):
         verify_chain(plan2, committed, forged)
+
+
+def _retry_plan_rows(status_of_original="infra_error", with_retry=True):
+    plan = dict(_plan(), infra_retries=1)
+    rows = []
+    for ck in plan["checkpoints"]:
+        for rec in plan["records"]:
+            for a in range(plan["attempts"]):
+                rows.append({"eval_id": f"{ck['name']}-{rec['record_id']}-{a}", "record_id": rec["record_id"],
+                             "checkpoint": ck["name"], "harness_name": rec["harness_name"], "attempt": a,
+                             "reward": 0.0, "status": "unresolved", "retry": 0, "retry_of": ""})
+    rows[2]["status"] = status_of_original
+    if with_retry:
+        rows.append(dict(rows[2], eval_id="retry-1", status="resolved", reward=1.0, retry=1, retry_of=rows[2]["eval_id"]))
+    return plan, seal_rows(rows, plan_hash(plan))
+
+
+def test_a_retry_of_an_infra_error_verifies():
+    plan, rows = _retry_plan_rows()
+    assert verify_chain(plan, plan_hash(plan), rows).rows == 13
+
+
+def test_a_retry_of_a_graded_attempt_is_refused():
+    plan, rows = _retry_plan_rows(status_of_original="unresolved")
+    with pytest.raises(SealError, match="row 12 .*retry 1 .*does not refer to an earlier infra_error"):
+        verify_chain(plan, plan_hash(plan), rows)
+
+
+def test_a_missing_planned_retry_is_refused():
+    plan, rows = _retry_plan_rows(with_retry=False)
+    with pytest.raises(SealError, match="infra_error at retry 0 .*retry row is missing"):
+        verify_chain(plan, plan_hash(plan), rows)
+
+
+def test_retries_beyond_the_plan_are_refused():
+    plan, rows = _retry_plan_rows()
+    plan = dict(plan, infra_retries=0)
+    with pytest.raises(SealError, match="exceeds the plan's infra_retries=0"):
+        verify_chain(plan, plan_hash(plan), seal_rows([{k: v for k, v in r.items() if k not in
+                                                         ("seq", "plan_hash", "prev_hash", "seal_hash")} for r in rows],
+                                                       plan_hash(plan)))

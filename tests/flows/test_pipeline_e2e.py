@@ -171,3 +171,39 @@ def test_online_off_policy_training_stage_on_the_frozen_records(run, tiny_model_
     assert sorted({e["policy_version"] for e in eps}) == [0, 2]
     test_hashes = {t["task_hash"] for t in store.rows(frozen["tasks"]) if t["split"] == "test"}
     assert not {e["task_hash"] for e in eps} & test_hashes
+
+
+def test_sealed_statistics_and_exports_of_the_run(run):
+    """The matrix, the pre-registered contrasts (final - base per harness) and the exports."""
+    import json
+
+    cfg, rd, result = run
+    store = ArtifactStore(rd)
+    outs = result["evaluate"]["outputs"]
+    evals = store.rows(outs["evaluations"])
+    cells = store.rows(outs["eval_cells"])
+    cons = store.rows(outs["eval_contrasts"])
+    print("\nmatrix (pass@1; graded/planned):")
+    for c in cells:
+        print(f"  {c['kind']:8} {c['checkpoint']:6} trained on {c['train_harnesses'] or '-':20} {c['harness_name']:13} "
+              f"pass@1={c['pass_at_1']} pass@{c['k']}={c['pass_at_k']} graded={c['graded']}/{c['planned']} "
+              f"counted={c['counted']}")
+    for c in cons:
+        print(f"  contrast {c['name']}: {c['estimate']} CI [{c['ci_low']}, {c['ci_high']}] (level 1-{c['alpha']}/"
+              f"{c['m_contrasts']}), p_bonf={c['p_bonferroni']}, MDD={c['mdd']}, n_tasks={c['n_tasks']}")
+    assert [c["name"] for c in cons] == ["final-vs-base:direct", "final-vs-base:react-python"]
+    for c in cells:
+        if c["kind"] != "cell":
+            continue
+        cell = [e for e in evals if e["checkpoint"] == c["checkpoint"] and e["harness_name"] == c["harness_name"]]
+        assert c["planned"] == len(cell) == 3 * 2 and c["graded"] == sum(e["status"] != "infra_error" for e in cell)
+        if c["counted"]:
+            assert c["pass_at_1"] == pytest.approx(sum(e["resolved"] for e in cell) / len(cell))
+    for c in cons:
+        assert c["resamples"] == 10_000 and c["m_contrasts"] == 2
+        if c["status"] == "ok":
+            assert c["ci_low"] <= c["estimate"] <= c["ci_high"] and c["n_tasks"] == 3
+    log = json.loads((rd / "evaluate/eval_log.json").read_text())
+    assert len(log["samples"]) == len(evals) and log["plan"]["chain_head"] == evals[-1]["seal_hash"]
+    reports = sorted((rd / "evaluate/exports/swebench").glob("*.report.json"))
+    assert len(reports) == 2 * 2 * 2  # checkpoints x harnesses x attempts

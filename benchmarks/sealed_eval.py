@@ -1,0 +1,101 @@
+"""What the bookkeeping of a sealed evaluation costs at P4's scale: 24,000 evaluations
+(6 checkpoints x 4 harnesses x 500 test tasks x 2 attempts) through the real evaluate stage
+(:func:`tasks.evaluate.stage.run_evaluate`) with an instant scripted policy and a trivial
+verifier (:class:`tasks.evaluate.scripted.ScriptedRunner`), so that only harnessrl's own code is
+timed: leakage guard, plan, seal, write (contract check + Parquet + manifest), statistics
+(matrix + task-clustered paired bootstrap, 10,000 resamples per contrast), exports, verify.
+One of the 4 harnesses is held out (evaluation only); 5% of attempts end in infra_error and are
+retried once. Contrasts: each trained checkpoint minus base under each harness (20).
+
+Target: all of it under 60 s and 2 GB peak RSS on 2 cores.
+Prints each part's seconds and appends a JSON row to ``benchmarks/results/sealed_eval.jsonl``.
+Usage: ``OMP_NUM_THREADS=2 .venv/bin/python benchmarks/sealed_eval.py [--tasks 500]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _results import report  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=500, help="test-split tasks")
+    ap.add_argument("--checkpoints", type=int, default=6)
+    ap.add_argument("--attempts", type=int, default=2)
+    ap.add_argument("--resamples", type=int, default=10_000)
+    args = ap.parse_args()
+
+    from schemas import ArtifactStore
+    from tasks.config import RunConfig
+    from tasks.evaluate.scripted import ScriptedRunner
+    from tasks.evaluate.stage import run_evaluate, verify_run
+    from tasks.hashing import sha256_dir
+    from tasks.records.freeze import freeze_tables
+
+    train_h = ["direct", "react-python", "openhands-like"]
+    eval_h = [*train_h, "qwen-code-like"]  # the last one is held out
+    cks = ["base"] + [f"step-{i}" for i in range(1, args.checkpoints - 1)] + ["final"]
+    contrasts = [{"name": f"{c}-vs-base:{h}", "a": {"checkpoint": c, "harness": h},
+                  "b": {"checkpoint": "base", "harness": h}} for c in cks[1:] for h in eval_h]
+    cfg = RunConfig.model_validate({
+        "name": "sealed-bench", "suites": [{"name": "basic_arithmetic", "size": 2 * args.tasks, "seed": 0}],
+        "split": {"test_fraction": 0.5}, "harnesses": train_h,
+        "evaluate": {"attempts": args.attempts, "harnesses": eval_h, "infra_retries": 1, "contrasts": contrasts,
+                     "bootstrap_resamples": args.resamples},
+        "analyze": {"ceiling_k": min(2, args.attempts)}})
+    t0 = time.perf_counter()
+    tasks, harnesses, records = freeze_tables(cfg)
+    t_freeze = time.perf_counter() - t0
+    n_test = sum(t["split"] == "test" for t in tasks)
+    with tempfile.TemporaryDirectory(prefix="harnessrl-bench-sealed-") as tmp:
+        store = ArtifactStore(Path(tmp) / "run")
+        refs = {"tasks": store.write("freeze", "tasks", tasks), "harnesses": store.write("freeze", "harnesses", harnesses),
+                "records": store.write("freeze", "records", records), "episodes": store.write("rollout", "episodes", [])}
+        ck_rows = [{"name": "base", "step": 0, "path": "", "adapter_sha256": "", "base_model_id": "m"}]
+        for i, name in enumerate(cks[1:], 1):
+            d = Path(tmp) / name
+            d.mkdir()
+            (d / "adapter_model.safetensors").write_bytes(os.urandom(1 << 16))
+            store.put_dir(f"train/checkpoints/{name}", d)
+            ck_rows.append({"name": name, "step": i, "path": f"train/checkpoints/{name}", "adapter_sha256": sha256_dir(d),
+                            "base_model_id": "m"})
+        refs["checkpoints"] = store.write("train", "checkpoints", ck_rows)
+        runner = ScriptedRunner(p_resolve={"direct": 0.1, "react-python": 0.2, "openhands-like": 0.3,
+                                           "qwen-code-like": 0.15}, infra_rate=0.05, seed=0)
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        out = run_evaluate(store, cfg, refs, episode_runner=runner, timings=timings)
+        t_stage = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rep = verify_run(store)
+        t_verify = time.perf_counter() - t0
+        evals = out["evaluations"].rows
+        first = sum(n * s for tag, n, s in runner.calls if "retry" not in tag)
+    ours = t_stage - timings["attempts"] + t_verify
+    row = {
+        "benchmark": "sealed_eval", "host": platform.node(), "cpus": os.cpu_count(),
+        "omp_threads": os.environ.get("OMP_NUM_THREADS"), "test_tasks": n_test, "checkpoints": len(cks),
+        "harnesses": len(eval_h), "attempts": args.attempts, "planned_evaluations": first, "sealed_rows": evals,
+        "retry_rows": evals - first, "contrasts": len(contrasts), "resamples": args.resamples,
+        "freeze_s (not timed below)": round(t_freeze, 2),
+        **{f"{k}_s": round(v, 3) for k, v in timings.items()},
+        "verify_s": round(t_verify, 3), "ours_total_s (stage - scripted attempts + verify)": round(ours, 2),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "verified_rows": rep.rows,
+    }
+    report("sealed_eval", row)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""The evaluate stage end to end with a scripted runner (no model): plan, retries, coverage,
+held-out column, statistics, exports, and ``harnessrl verify`` against every kind of tampering."""
+
+import json
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from schemas import ArtifactStore
+from tasks.config import RunConfig
+from tasks.evaluate.scripted import ScriptedRunner
+from tasks.evaluate.seal import SealError
+from tasks.evaluate.stage import PLAN, run_evaluate, verify_run
+from tasks.hashing import sha256_dir
+from tasks.records.freeze import freeze_tables
+from tasks.train.stage import LeakageError
+
+
+def _cfg(**evaluate):
+    ev = {"attempts": 3, "harnesses": ["direct", "react-python"], "bootstrap_resamples": 2000, **evaluate}
+    return RunConfig.model_validate({"name": "sealed", "seed": 3,
+                                     "suites": [{"name": "basic_arithmetic", "size": 40, "seed": 2}],
+                                     "split": {"test_fraction": 0.5}, "harnesses": ["direct"], "evaluate": ev,
+                                     "analyze": {"ceiling_k": 2}})
+
+
+def _store(tmp_path, cfg):
+    tasks, harnesses, records = freeze_tables(cfg)
+    store = ArtifactStore(tmp_path / "run")
+    refs = {"tasks": store.write("freeze", "tasks", tasks), "harnesses": store.write("freeze", "harnesses", harnesses),
+            "records": store.write("freeze", "records", records), "episodes": store.write("rollout", "episodes", [])}
+    ad = tmp_path / "adapter"
+    ad.mkdir()
+    (ad / "adapter_model.safetensors").write_bytes(b"weights-v1")
+    store.put_dir("train/checkpoints/step-2", ad)
+    refs["checkpoints"] = store.write("train", "checkpoints", [
+        {"name": "base", "step": 0, "path": "", "adapter_sha256": "", "base_model_id": "m"},
+        {"name": "final", "step": 2, "path": "train/checkpoints/step-2", "adapter_sha256": sha256_dir(ad),
+         "base_model_id": "m"}])
+    return store, refs, tasks, records
+
+
+def _run(tmp_path, cfg=None, runner=None):
+    cfg = cfg or _cfg(infra_retries=1)
+    store, refs, tasks, records = _store(tmp_path, cfg)
+    runner = runner or ScriptedRunner(p_resolve={"direct": 0.5, "react-python": 0.3}, infra_rate=0.05, seed=1)
+    out = run_evaluate(store, cfg, refs, episode_runner=runner)
+    return cfg, store, refs, out, runner, tasks, records
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("sealed"))
+
+
+def test_freeze_builds_test_only_records_for_the_held_out_harness():
+    cfg = _cfg()
+    tasks, harnesses, records = freeze_tables(cfg)
+    test_ids = {t["task_id"] for t in tasks if t["split"] == "test"}
+    held = [r for r in records if r["harness_name"] == "react-python"]
+    assert {r["task_id"] for r in held} == test_ids and {r["split"] for r in held} == {"test"}
+    assert [h["name"] for h in harnesses] == ["direct", "react-python"]
+    # without evaluation-only harnesses freeze is exactly as before
+    plain = RunConfig.model_validate({**cfg.model_dump(mode="json"), "evaluate": {"attempts": 3}})
+    assert all(r["harness_name"] == "direct" for r in freeze_tables(plain)[2])
+
+
+def test_plan_holds_contrasts_held_out_column_and_rules(sealed):
+    cfg, store, *_ = sealed
+    plan = store.read_json(PLAN)
+    assert plan["held_out"] == ["react-python"] and plan["harnesses"] == ["direct", "react-python"]
+    assert [c["name"] for c in plan["contrasts"]] == ["final-vs-base:direct", "final-vs-base:react-python"]
+    assert plan["contrasts"][0]["a"] == {"checkpoint": "final", "harness": "direct"}
+    assert plan["min_graded_fraction"] == 0.95 and plan["infra_retries"] == 1
+    assert [c["train_harnesses"] for c in plan["checkpoints"]] == ["", "direct"]
+    assert store.read_bytes("evaluate/plan.sha256").decode().strip() == store.manifest("evaluate", "evaluations")[
+        "extra"]["plan_hash"]
+
+
+def test_infra_errors_are_retried_as_new_rows_that_keep_the_original(sealed):
+    cfg, store, refs, out, runner, *_ = sealed
+    rows = store.rows(out["evaluations"])
+    n_test = len({r["task_id"] for r in rows})
+    first = [r for r in rows if r["retry"] == 0]
+    assert len(first) == n_test * 2 * 2 * 3  # tasks x harnesses x checkpoints x attempts
+    retried = [r for r in rows if r["retry"] == 1]
+    originals = {r["eval_id"]: r for r in first if r["status"] == "infra_error"}
+    assert originals and len(retried) == len(originals)
+    assert {r["retry_of"] for r in retried} == set(originals)
+    assert all(r["seq"] > originals[r["retry_of"]]["seq"] for r in retried)
+    assert [c[0] for c in runner.calls if "retry" in c[0]]  # the runner was called again for the retries
+    assert verify_run(store).rows == len(rows)
+
+
+def test_cells_leave_infra_errors_out_and_apply_the_coverage_rule(sealed):
+    cfg, store, refs, out, *_ = sealed
+    rows = store.rows(out["evaluations"])
+    cells = {(c["kind"], c["checkpoint"], c["harness_name"]): c for c in store.rows(out["eval_cells"])}
+    for ck in ("base", "final"):
+        for h in ("direct", "react-python"):
+            c = cells[("cell", ck, h)]
+            last = {}
+            for r in rows:
+                if r["checkpoint"] == ck and r["harness_name"] == h:
+                    last[(r["record_id"], r["attempt"])] = r  # retries come later in the chain
+            graded = [r for r in last.values() if r["status"] != "infra_error"]
+            assert c["graded"] == len(graded) and c["infra_errors"] == len(last) - len(graded)
+            assert c["graded_fraction"] == pytest.approx(len(graded) / len(last))
+            assert c["counted"] == (c["graded_fraction"] >= 0.95)
+            assert c["held_out"] == (h == "react-python")
+            if c["counted"]:
+                per = {}
+                for r in graded:
+                    per.setdefault(r["task_id"], []).append(r["resolved"])
+                assert c["pass_at_1"] == pytest.approx(sum(sum(v) / len(v) for v in per.values()) / len(per))
+    row_mean = cells[("row_mean", "final", "*")]
+    counted = [cells[("cell", "final", h)]["pass_at_1"] for h in ("direct", "react-python")
+               if cells[("cell", "final", h)]["counted"]]
+    assert row_mean["pass_at_1"] == pytest.approx(sum(counted) / len(counted))
+
+
+def test_a_cell_below_the_graded_fraction_does_not_count(tmp_path):
+    cfg = _cfg(infra_retries=0, min_graded_fraction=0.99)
+    _, store, _, out, *_ = _run(tmp_path, cfg, ScriptedRunner(infra_rate=0.2, seed=4))
+    cells = [c for c in store.rows(out["eval_cells"]) if c["kind"] == "cell"]
+    assert cells and not any(c["counted"] for c in cells) and all(c["pass_at_1"] is None for c in cells)
+    cons = store.rows(out["eval_contrasts"])
+    assert {c["status"] for c in cons} == {"cell_not_counted"} and all(c["estimate"] is None for c in cons)
+
+
+def test_contrasts_are_paired_on_tasks_and_bonferroni_corrected(sealed):
+    cfg, store, refs, out, *_ = sealed
+    rows = store.rows(out["evaluations"])
+    cons = {c["name"]: c for c in store.rows(out["eval_contrasts"])}
+    c = cons["final-vs-base:react-python"]
+    assert c["held_out"] and c["m_contrasts"] == 2 and c["resamples"] == 2000
+    if c["status"] == "ok":
+        assert c["ci_low"] <= c["estimate"] <= c["ci_high"]
+        assert c["estimate"] == pytest.approx(c["a_mean"] - c["b_mean"])
+        assert c["p_bonferroni"] == pytest.approx(min(1.0, 2 * c["p_value"]))
+        assert c["mdd"] > 0
+
+
+def test_exports_are_readable_without_harnessrl(sealed):
+    cfg, store, refs, out, *_ = sealed
+    rows = store.rows(out["evaluations"])
+    root = store.root + "/evaluate"
+    model = "sealed.final.direct.attempt0"
+    preds = [json.loads(x) for x in open(f"{root}/exports/swebench/{model}.predictions.jsonl")]
+    rep = json.load(open(f"{root}/exports/swebench/{model}.report.json"))
+    last = {}
+    for r in rows:
+        if r["checkpoint"] == "final" and r["harness_name"] == "direct" and r["attempt"] == 0:
+            last[r["task_id"]] = r
+    assert {p["instance_id"] for p in preds} == set(last) and {p["model_name_or_path"] for p in preds} == {model}
+    assert all(p["model_patch"] == last[p["instance_id"]]["final_answer"] for p in preds)
+    assert rep["resolved_ids"] == sorted(t for t, r in last.items() if r["status"] == "resolved")
+    assert rep["error_ids"] == sorted(t for t, r in last.items() if r["status"] == "infra_error")
+    assert rep["resolved_instances"] + rep["unresolved_instances"] + rep["error_instances"] == len(last)
+    log = json.load(open(f"{root}/eval_log.json"))
+    assert log["plan"]["plan_hash"] == store.read_bytes("evaluate/plan.sha256").decode().strip()
+    assert log["plan"]["chain_head"] == rows[-1]["seal_hash"] and len(log["samples"]) == len(rows)
+    assert log["samples"][0]["scores"]["resolved"]["value"] == ("C" if rows[0]["resolved"] else "I")
+
+
+def test_reruns_are_byte_identical(sealed, tmp_path):
+    _, store, _, out, *_ = sealed
+    _, store2, _, out2, *_ = _run(tmp_path)
+    for k in out:
+        assert out[k].sha256 == out2[k].sha256, k
+    assert store.read_bytes("evaluate/eval_log.json") == store2.read_bytes("evaluate/eval_log.json")
+
+
+def test_evaluate_refuses_test_tasks_in_the_train_records(tmp_path):
+    cfg = _cfg()
+    store, refs, tasks, records = _store(tmp_path, cfg)
+    test_task = next(t for t in tasks if t["split"] == "test")
+    bad = [dict(r, split="train") if r["task_id"] == test_task["task_id"] else r for r in records]
+    refs["records"] = store.write("freeze", "records", bad)
+    with pytest.raises(LeakageError, match=f"1 test-split task.*train records: \\['{test_task['task_id']}'\\]"):
+        run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner())
+    assert not store.exists(PLAN)
+
+
+def test_evaluate_refuses_test_tasks_in_online_training_rollouts(tmp_path):
+    cfg = _cfg()
+    store, refs, tasks, records = _store(tmp_path, cfg)
+    rec = next(r for r in records if r["split"] == "test")
+    ep = {"episode_id": "e0", "record_id": rec["record_id"], "task_id": rec["task_id"], "task_hash": rec["task_hash"],
+          "harness_id": rec["harness_id"], "harness_name": rec["harness_name"], "split": "train", "policy_id": "p",
+          "policy_version": 1, "group_id": "g", "sample_idx": 0, "seed": 0, "reward": 1.0, "success": True,
+          "status": "ok", "num_turns": 1, "input_tokens": 3, "output_tokens": 2, "final_answer": "1"}
+    refs["online_episodes"] = store.write("train", "online_episodes", [ep], contract="episodes")
+    with pytest.raises(LeakageError, match=f"training rollouts: \\['{rec['task_id']}'\\]"):
+        run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner())
+    assert not store.exists(PLAN)
+
+
+def test_a_contrast_naming_an_unknown_checkpoint_is_refused_before_the_plan(tmp_path):
+    cfg = _cfg(contrasts=[{"name": "x", "a": {"checkpoint": "step-9", "harness": "direct"},
+                           "b": {"checkpoint": "base", "harness": "direct"}}])
+    store, refs, *_ = _store(tmp_path, cfg)
+    with pytest.raises(ValueError, match="contrasts\\['x'\\].a.checkpoint='step-9'"):
+        run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner())
+    assert not store.exists(PLAN)
+
+
+def test_config_refuses_a_contrast_on_a_harness_not_evaluated():
+    with pytest.raises(ValueError, match="contrasts\\['x'\\].b.harness='web-react'"):
+        _cfg(contrasts=[{"name": "x", "a": {"checkpoint": "final", "harness": "direct"},
+                         "b": {"checkpoint": "base", "harness": "web-react"}}])
+
+
+# ---- tampering: `harnessrl verify RUN_DIR` names the first broken row -----------------------------
+
+def _rewrite(path, fn):
+    t = pq.read_table(path)
+    rows = t.to_pylist()
+    fn(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), path)
+
+
+def _flip(rows):
+    rows[7]["reward"] = 1.0 - rows[7]["reward"]
+
+
+def _retry_orig(rows):  # turn a retry's original into a resolved attempt: its retry no longer refers to an infra error
+    i = next(r["seq"] for r in rows if r["retry"] == 1)
+    orig = next(r for r in rows if r["eval_id"] == rows[i]["retry_of"])
+    orig["status"] = "resolved"
+
+
+TAMPER = {
+    "flipped reward": (lambda rd: _rewrite(rd / "evaluate/evaluations.parquet", _flip), "row 7 .*value was changed"),
+    "dropped row": (lambda rd: _rewrite(rd / "evaluate/evaluations.parquet", lambda r: r.pop(5)), "row 5 .*seq"),
+    "added row": (lambda rd: _rewrite(rd / "evaluate/evaluations.parquet", lambda r: r.insert(3, dict(r[3]))),
+                  "row 4 .*seq"),
+    "reordered rows": (lambda rd: _rewrite(rd / "evaluate/evaluations.parquet",
+                                           lambda r: r.__setitem__(slice(10, 12), [r[11], r[10]])), "row 10"),
+    "edited retry original": (lambda rd: _rewrite(rd / "evaluate/evaluations.parquet", _retry_orig),
+                              "value was changed"),
+    "edited statistics": (lambda rd: _rewrite(rd / "evaluate/eval_cells.parquet",
+                                               lambda r: r[0].update(graded=r[0]["graded"] + 1)),
+                          "eval_cells.parquet row 0: graded="),
+    "swapped checkpoint": (lambda rd: (rd / "train/checkpoints/step-2/adapter_model.safetensors").write_bytes(b"other"),
+                           "checkpoint 'final'"),
+    "edited plan": (lambda rd: (rd / PLAN).write_text((rd / PLAN).read_text().replace('"attempts": 3', '"attempts": 2')),
+                    "plan: hash"),
+    "edited committed plan hash": (lambda rd: (rd / "evaluate/plan.sha256").write_text("0" * 64 + "\n"), "plan: hash"),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPER))
+def test_verify_cli_names_every_tampering(sealed, tmp_path, case):
+    _, store, *_ = sealed
+    rd = tmp_path / "copy"
+    shutil.copytree(store.root, rd)
+    cli = CliRunner()
+    ok = cli.invoke(app, ["verify", str(rd)])
+    assert ok.exit_code == 0, ok.output
+    tamper, match = TAMPER[case]
+    tamper(rd)
+    bad = cli.invoke(app, ["verify", str(rd)])
+    assert bad.exit_code == 1, bad.output
+    import re
+    assert re.search(match, bad.output.replace("\n", " ")), bad.output
+    with pytest.raises(SealError):
+        verify_run(ArtifactStore(rd))
