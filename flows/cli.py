@@ -140,6 +140,33 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
     typer.secho(f"verified: plan {rep.plan_hash[:16]}, {rep.rows} sealed rows, head {rep.head[:16]}", fg="green")
 
 
+@app.command()
+def status(run_dir: str = typer.Argument(..., help="a run folder or fsspec URL (file://, s3://, ...)")) -> None:
+    """A run's stages (done / failed / interrupted / corrupt / missing), each artifact's SHA-256, rows and
+    creation time, and the pass rates. Exit 2: not a run; exit 1: an artifact differs from its manifest."""
+    from rich.console import Console
+
+    from flows.status import NotARunError, pass_rates, render, run_status
+    from schemas import ArtifactError, ArtifactStore
+
+    if "://" not in run_dir and not Path(run_dir).is_dir():
+        typer.secho(f"{run_dir}: no such run folder", fg="red", err=True)
+        raise typer.Exit(2)
+    try:
+        store = ArtifactStore(run_dir)
+        stages = run_status(store)
+        rates = pass_rates(store) if not any(s.state == "corrupt" for s in stages) else []
+    except NotARunError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    except (ArtifactError, OSError) as e:
+        typer.secho(f"{run_dir}: cannot read the run: {e}", fg="red", err=True)
+        raise typer.Exit(2)
+    render(store, stages, rates, Console(width=max(Console().width, 120)))
+    if any(s.state == "corrupt" for s in stages):
+        raise typer.Exit(1)
+
+
 @app.command("kl-check")
 def kl_check(
     out: Path = typer.Option(Path("runs/kl-check"), "--out", help="folder for kl_check/kl_check.parquet"),
