@@ -43,6 +43,7 @@ def prepare_environment(run_root: Path) -> None:
     quiet transformers."""
     os.environ.setdefault("PREFECT_HOME", str((run_root / ".prefect-home").resolve()))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # 20 s is short on a busy host
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "harnessrl")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,7 +54,8 @@ def prepare_environment(run_root: Path) -> None:
 def run(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help=f"run config (default {DEFAULT_CONFIG})"),
     from_stage: Optional[str] = typer.Option(None, "--from", help="force this stage and every later one"),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default RUN_ROOT/NAME-CONFIGHASH)"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run folder or fsspec URL, e.g. s3://bucket/runs/x "
+                                          "(default RUN_ROOT/NAME-CONFIGHASH)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set train.steps=3"),
 ) -> None:
     """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached."""
@@ -68,9 +70,18 @@ def run(
     if from_stage is not None and from_stage not in STAGES:
         typer.secho(f"--from {from_stage!r}: not a stage; stages are {', '.join(STAGES)}", fg="red", err=True)
         raise typer.Exit(2)
-    rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
-    rd.mkdir(parents=True, exist_ok=True)
-    prepare_environment(Path(cfg.run_root))
+    remote_root = "://" in cfg.run_root
+    default = f"{cfg.name}-{cfg.config_hash()[:10]}"
+    rd_s = run_dir or (f"{cfg.run_root.rstrip('/')}/{default}" if remote_root else str(Path(cfg.run_root) / default))
+    if "://" in rd_s:  # a remote store (see schemas/store.py): credentials from the environment
+        from schemas import ArtifactStore
+
+        ArtifactStore(rd_s)  # creates the folder; fails early on a bad URL or credentials
+        rd: Any = rd_s
+    else:
+        rd = Path(rd_s)
+        rd.mkdir(parents=True, exist_ok=True)
+    prepare_environment(Path("runs") if remote_root else Path(cfg.run_root))
     _quiet_libraries()
     from flows.pipeline import pipeline
 
@@ -94,7 +105,7 @@ def _quiet_libraries() -> None:
     logging.getLogger("harnessrl").setLevel(logging.INFO)
 
 
-def _print_summary(rd: Path, result: dict[str, Any], total: float) -> None:
+def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -117,8 +128,8 @@ def _print_summary(rd: Path, result: dict[str, Any], total: float) -> None:
         p.add_row(r["checkpoint"], r["harness_name"], f"{r['pass_at_1']:.3f}", f"{r['ceiling']:.3f} (pass@{r['ceiling_k']})",
                   f"{r['mismatch']:.3f}", str(r["graded"]), str(r["infra_errors"]))
     console.print(p)
-    console.print(f"run folder: {rd.resolve()}")
-    console.print(f"report:     {(rd / 'analyze' / 'report.md').resolve()}")
+    console.print(f"run folder: {rd.resolve() if isinstance(rd, Path) else rd}")
+    console.print(f"report:     {(rd / 'analyze' / 'report.md').resolve() if isinstance(rd, Path) else f'{rd}/analyze/report.md'}")
     console.print(f"total:      {total:.1f} s")
 
 
