@@ -178,6 +178,34 @@ def status(run_dir: str = typer.Argument(..., help="a run folder or fsspec URL (
         raise typer.Exit(1)
 
 
+@app.command()
+def deploy(
+    names: list[str] = typer.Argument(None, help="deployments to register (default: all in prefect.yaml)"),
+    file: Path = typer.Option(REPO_ROOT / "prefect.yaml", "--file", "-f", help="the prefect.yaml to read"),
+) -> None:
+    """Register prefect.yaml's deployments (pipeline and each stage, config path as a parameter, cron
+    schedule) with the Prefect API at PREFECT_API_URL, creating their process work pool."""
+    if not os.environ.get("PREFECT_API_URL"):
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            typer.secho("PREFECT_API_URL is not set: start a server (prefect server start, or infra/compose.yaml) and "
+                        "export PREFECT_API_URL=http://HOST:4200/api", fg="red", err=True)
+            raise typer.Exit(2)
+    from flows.deploy import load_deployments, register
+
+    try:
+        ids = register(file, names or None)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    pools = sorted({d["work_pool"]["name"] for d in load_deployments(file)})
+    for name, dep_id in ids.items():
+        typer.echo(f"registered {name}  ({dep_id})")
+    typer.echo(f"start a worker:  prefect worker start --pool {pools[0]} --type process")
+    typer.echo(f"run one now:     prefect deployment run '{next(iter(ids))}' -p config=configs/default.yaml")
+
+
 @app.command("kl-check")
 def kl_check(
     out: Path = typer.Option(Path("runs/kl-check"), "--out", help="folder for kl_check/kl_check.parquet"),
