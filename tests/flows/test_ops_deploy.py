@@ -146,7 +146,10 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
     assert fr.name in dom
     for s in STAGES:
         assert f"stage {s}: " in dom, f"stage {s} not on the flow-run page"
-    arts = subprocess.run([*flags, "--dump-dom", f"{page}?tab=Artifacts"], capture_output=True, text=True,
-                          timeout=120).stdout
-    assert "harnessrl-report" in arts
+    (tmp_path / "flow-run.html").write_text(dom)
+    # the report artifact's own page: its key and the rendered markdown
+    art_dom = subprocess.run([*flags, "--dump-dom", f"{ui}/artifacts/key/harnessrl-report"], capture_output=True,
+                             text=True, timeout=120).stdout
+    (tmp_path / "artifact.html").write_text(art_dom)
+    assert "Artifact: harnessrl-report" in art_dom and f"harnessrl report of {run_dir}" in art_dom
     print(f"screenshot: {shot}")
