@@ -102,7 +102,13 @@ def result_storage(store: ArtifactStore) -> Any:
         return Path(store.root).resolve() / ".prefect"
     from prefect.filesystems import RemoteFileSystem
 
-    return RemoteFileSystem(basepath=f"{store.url.rstrip('/')}/.prefect", settings=dict(store.storage_options))
+    # Prefect needs result storage saved server-side: one block per run URL, named by its hash.
+    # Credentials stay in the environment (AWS_* etc.); the block holds only the URL and any
+    # non-secret storage options the store was given.
+    basepath = f"{store.url.rstrip('/')}/.prefect"
+    name = f"harnessrl-results-{sha256_json(basepath)[:16]}"
+    RemoteFileSystem(basepath=basepath, settings=dict(store.storage_options)).save(name, overwrite=True)
+    return f"remote-file-system/{name}"
 
 
 def stage_state_path(stage: str) -> str:
