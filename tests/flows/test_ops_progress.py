@@ -26,13 +26,16 @@ def test_logs_outside_a_run_and_no_bar_off_a_tty(monkeypatch):
     assert P.run_logger() is P._log
     keep = _Keep()
     P._log.addHandler(keep)
-    monkeypatch.setattr(P._log, "level", logging.INFO)
+    old_level = P._log.level
+    P._log.setLevel(logging.INFO)  # setLevel also clears the logger's enabled-for cache
+    monkeypatch.setattr(P._log, "disabled", False)  # logging.config (Prefect's) may have disabled it
     try:
         with P.progress("rollout episodes", 6, "episodes", log_every_s=0.0) as advance:
             for _ in range(3):
                 advance(2)
     finally:
         P._log.removeHandler(keep)
+        P._log.setLevel(old_level)
     msgs = [r.getMessage() for r in keep.records]
     assert msgs[:2] == ["rollout episodes: 2/6 episodes (0 s)", "rollout episodes: 4/6 episodes (0 s)"]
     assert msgs[-1].startswith("rollout episodes: 6/6 episodes in ")
