@@ -43,6 +43,7 @@ def prepare_environment(run_root: Path) -> None:
     quiet transformers."""
     os.environ.setdefault("PREFECT_HOME", str((run_root / ".prefect-home").resolve()))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # 20 s is short on a busy host
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "harnessrl")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,7 +54,8 @@ def prepare_environment(run_root: Path) -> None:
 def run(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help=f"run config (default {DEFAULT_CONFIG})"),
     from_stage: Optional[str] = typer.Option(None, "--from", help="force this stage and every later one"),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default RUN_ROOT/NAME-CONFIGHASH)"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run folder or fsspec URL, e.g. s3://bucket/runs/x "
+                                          "(default RUN_ROOT/NAME-CONFIGHASH)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set train.steps=3"),
 ) -> None:
     """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached."""
@@ -68,9 +70,18 @@ def run(
     if from_stage is not None and from_stage not in STAGES:
         typer.secho(f"--from {from_stage!r}: not a stage; stages are {', '.join(STAGES)}", fg="red", err=True)
         raise typer.Exit(2)
-    rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
-    rd.mkdir(parents=True, exist_ok=True)
-    prepare_environment(Path(cfg.run_root))
+    remote_root = "://" in cfg.run_root
+    default = f"{cfg.name}-{cfg.config_hash()[:10]}"
+    rd_s = run_dir or (f"{cfg.run_root.rstrip('/')}/{default}" if remote_root else str(Path(cfg.run_root) / default))
+    if "://" in rd_s:  # a remote store (see schemas/store.py): credentials from the environment
+        from schemas import ArtifactStore
+
+        ArtifactStore(rd_s)  # creates the folder; fails early on a bad URL or credentials
+        rd: Any = rd_s
+    else:
+        rd = Path(rd_s)
+        rd.mkdir(parents=True, exist_ok=True)
+    prepare_environment(Path("runs") if remote_root else Path(cfg.run_root))
     _quiet_libraries()
     from flows.pipeline import pipeline
 
@@ -94,7 +105,7 @@ def _quiet_libraries() -> None:
     logging.getLogger("harnessrl").setLevel(logging.INFO)
 
 
-def _print_summary(rd: Path, result: dict[str, Any], total: float) -> None:
+def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -117,8 +128,8 @@ def _print_summary(rd: Path, result: dict[str, Any], total: float) -> None:
         p.add_row(r["checkpoint"], r["harness_name"], f"{r['pass_at_1']:.3f}", f"{r['ceiling']:.3f} (pass@{r['ceiling_k']})",
                   f"{r['mismatch']:.3f}", str(r["graded"]), str(r["infra_errors"]))
     console.print(p)
-    console.print(f"run folder: {rd.resolve()}")
-    console.print(f"report:     {(rd / 'analyze' / 'report.md').resolve()}")
+    console.print(f"run folder: {rd.resolve() if isinstance(rd, Path) else rd}")
+    console.print(f"report:     {(rd / 'analyze' / 'report.md').resolve() if isinstance(rd, Path) else f'{rd}/analyze/report.md'}")
     console.print(f"total:      {total:.1f} s")
 
 
@@ -138,6 +149,61 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
         typer.secho(f"VERIFY FAILED: {e}", fg="red", err=True)
         raise typer.Exit(1)
     typer.secho(f"verified: plan {rep.plan_hash[:16]}, {rep.rows} sealed rows, head {rep.head[:16]}", fg="green")
+
+
+@app.command()
+def status(run_dir: str = typer.Argument(..., help="a run folder or fsspec URL (file://, s3://, ...)")) -> None:
+    """A run's stages (done / failed / interrupted / corrupt / missing), each artifact's SHA-256, rows and
+    creation time, and the pass rates. Exit 2: not a run; exit 1: an artifact differs from its manifest."""
+    from rich.console import Console
+
+    from flows.status import NotARunError, pass_rates, render, run_status
+    from schemas import ArtifactError, ArtifactStore
+
+    if "://" not in run_dir and not Path(run_dir).is_dir():
+        typer.secho(f"{run_dir}: no such run folder", fg="red", err=True)
+        raise typer.Exit(2)
+    try:
+        store = ArtifactStore(run_dir)
+        stages = run_status(store)
+        rates = pass_rates(store) if not any(s.state == "corrupt" for s in stages) else []
+    except NotARunError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    except (ArtifactError, OSError) as e:
+        typer.secho(f"{run_dir}: cannot read the run: {e}", fg="red", err=True)
+        raise typer.Exit(2)
+    render(store, stages, rates, Console(width=max(Console().width, 120)))
+    if any(s.state == "corrupt" for s in stages):
+        raise typer.Exit(1)
+
+
+@app.command()
+def deploy(
+    names: list[str] = typer.Argument(None, help="deployments to register (default: all in prefect.yaml)"),
+    file: Path = typer.Option(REPO_ROOT / "prefect.yaml", "--file", "-f", help="the prefect.yaml to read"),
+) -> None:
+    """Register prefect.yaml's deployments (pipeline and each stage, config path as a parameter, cron
+    schedule) with the Prefect API at PREFECT_API_URL, creating their process work pool."""
+    if not os.environ.get("PREFECT_API_URL"):
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            typer.secho("PREFECT_API_URL is not set: start a server (prefect server start, or infra/compose.yaml) and "
+                        "export PREFECT_API_URL=http://HOST:4200/api", fg="red", err=True)
+            raise typer.Exit(2)
+    from flows.deploy import load_deployments, register
+
+    try:
+        ids = register(file, names or None)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    pools = sorted({d["work_pool"]["name"] for d in load_deployments(file)})
+    for name, dep_id in ids.items():
+        typer.echo(f"registered {name}  ({dep_id})")
+    typer.echo(f"start a worker:  prefect worker start --pool {pools[0]} --type process")
+    typer.echo(f"run one now:     prefect deployment run '{next(iter(ids))}' -p config=configs/default.yaml")
 
 
 @app.command("kl-check")

@@ -9,6 +9,11 @@ finds finished stages as ``Cached`` and a deleted run folder takes its cache wit
 
 from __future__ import annotations
 
+import datetime as _dt
+import logging
+import os
+import socket
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,6 +21,8 @@ from prefect import task
 from prefect.context import TaskRunContext
 
 from schemas import CONTRACTS, ArtifactRef, ArtifactStore
+from schemas.faults import fault_point
+from flows.status import STATE_DIR
 from tasks.config import RunConfig
 from tasks.hashing import sha256_json
 
@@ -61,7 +68,54 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
 
     ``force`` refreshes the cache (the stage runs even when a cached result exists).
     """
-    storage = Path(run_dir).resolve() / ".prefect"
+    stage = stage_task_.name
+    store = ArtifactStore(run_dir)
+    fault_point(f"before:{stage}")
+    stray = store.remove_stray_temp_files(stage)
+    if stray:
+        logging.getLogger("harnessrl.flows").warning("%s: removed %d temp file(s) of an interrupted write: %s",
+                                                     stage, len(stray), ", ".join(stray))
+    started = _now()
+    record = {"stage": stage, "state": "Running", "pid": os.getpid(), "host": socket.gethostname(),
+              "started_at": started, "finished_at": None, "seconds": None, "error": None}
+    store.write_json(stage_state_path(stage), record)
+    storage = result_storage(store)
     t = stage_task_.with_options(result_storage=storage, refresh_cache=force)
+    t0 = time.perf_counter()
     state = t(run_dir, cfg, inputs, return_state=True)
-    return state.result(), state.name
+    record.update(finished_at=_now(), seconds=round(time.perf_counter() - t0, 3), state=state.name)
+    try:
+        outputs = state.result()
+    except BaseException as e:
+        record.update(state="Failed", error=f"{type(e).__name__}: {e}"[:2000])
+        store.write_json(stage_state_path(stage), record)
+        raise
+    store.write_json(stage_state_path(stage), record)
+    fault_point(f"after:{stage}")
+    return outputs, state.name
+
+
+def result_storage(store: ArtifactStore) -> Any:
+    """Where Prefect persists stage results and cache records: ``<run>/.prefect`` on the store's
+    filesystem (a local path, or a Prefect ``RemoteFileSystem`` on the same fsspec URL)."""
+    if store.is_local:
+        return Path(store.root).resolve() / ".prefect"
+    from prefect.filesystems import RemoteFileSystem
+
+    # Prefect needs result storage saved server-side: one block per run URL, named by its hash.
+    # Credentials stay in the environment (AWS_* etc.); the block holds only the URL and any
+    # non-secret storage options the store was given.
+    basepath = f"{store.url.rstrip('/')}/.prefect"
+    name = f"harnessrl-results-{sha256_json(basepath)[:16]}"
+    RemoteFileSystem(basepath=basepath, settings=dict(store.storage_options)).save(name, overwrite=True)
+    return f"remote-file-system/{name}"
+
+
+def stage_state_path(stage: str) -> str:
+    """Store path of a stage's last-run record (JSON: stage, state Running|Completed|Cached|Failed,
+    pid, host, started_at/finished_at (UTC ISO 8601), seconds, error), read by ``harnessrl status``."""
+    return f"{STATE_DIR}/{stage}.json"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat()

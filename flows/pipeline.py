@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
-from flows.stages import analyze_flow, evaluate_flow, freeze_flow, rollout_flow, train_flow
+from flows.stages import publish_report, analyze_flow, evaluate_flow, freeze_flow, rollout_flow, train_flow
 from tasks.config import STAGES, RunConfig
 
 
@@ -26,12 +26,34 @@ def forced(from_stage: str | None) -> dict[str, bool]:
 def pipeline(cfg: RunConfig, run_dir: str, from_stage: str | None = None) -> dict[str, Any]:
     """freeze -> rollout -> train -> evaluate -> analyze, each stage cached by its inputs' content
     hashes and its config; ``from_stage`` forces that stage and the ones after it."""
+    return chain(cfg, run_dir, from_stage)
+
+
+def chain(cfg: RunConfig, run_dir: str, from_stage: str | None = None, until: str | None = None) -> dict[str, Any]:
+    """The stage flows in order (call inside a flow): every stage up to and including ``until``
+    (None: all five). Returns ``{stage: {"outputs", "state", "seconds"}}`` for the stages run.
+
+    Raises ValueError for an unknown ``from_stage`` or ``until``."""
     force = forced(from_stage)
-    frozen = freeze_flow(run_dir, cfg, force=force["freeze"])
-    rollouts = rollout_flow(run_dir, cfg, frozen["outputs"], force=force["rollout"])
-    trained = train_flow(run_dir, cfg, frozen["outputs"], rollouts["outputs"], force=force["train"])
-    evaluated = evaluate_flow(run_dir, cfg, frozen["outputs"], rollouts["outputs"], trained["outputs"],
-                              force=force["evaluate"])
-    analysis = analyze_flow(run_dir, cfg, rollouts["outputs"], trained["outputs"], evaluated["outputs"],
-                            force=force["analyze"])
-    return {"freeze": frozen, "rollout": rollouts, "train": trained, "evaluate": evaluated, "analyze": analysis}
+    if until is not None and until not in STAGES:
+        raise ValueError(f"until={until!r}: not a stage; stages are {', '.join(STAGES)}")
+    last = STAGES.index(until) if until else len(STAGES) - 1
+    out: dict[str, Any] = {}
+    out["freeze"] = freeze_flow(run_dir, cfg, force=force["freeze"])
+    if last >= 1:
+        out["rollout"] = rollout_flow(run_dir, cfg, out["freeze"]["outputs"], force=force["rollout"])
+    if last >= 2:
+        out["train"] = train_flow(run_dir, cfg, out["freeze"]["outputs"], out["rollout"]["outputs"],
+                                  force=force["train"])
+    if last >= 3:
+        out["evaluate"] = evaluate_flow(run_dir, cfg, out["freeze"]["outputs"], out["rollout"]["outputs"],
+                                        out["train"]["outputs"], force=force["evaluate"])
+    if last >= 4:
+        out["analyze"] = analyze_flow(run_dir, cfg, out["rollout"]["outputs"], out["train"]["outputs"],
+                                      out["evaluate"]["outputs"], force=force["analyze"])
+        publish_report(run_dir)
+    log = get_run_logger()
+    for stage, r in out.items():
+        log.info("stage %s: %s in %.1f s (%s)", stage, r["state"], r["seconds"],
+                 ", ".join(f"{k} {v.rows} rows" for k, v in r["outputs"].items()))
+    return out

@@ -69,3 +69,16 @@ def analyze_flow(run_dir: str, cfg: RunConfig, rollouts: dict[str, ArtifactRef],
     """Harness ceiling minus mismatch per checkpoint and harness; a table and a report."""
     inputs = {"episodes": rollouts["episodes"], "train_steps": trained["train_steps"], **evaluated}
     return _timed("analyze", analyze_task, run_dir, cfg, inputs, force)
+
+
+def publish_report(run_dir: str) -> None:
+    """The run's ``analyze/report.md`` as a Prefect markdown artifact (key ``harnessrl-report``) of
+    the calling flow run (the pipeline), so the UI shows it there. Call inside a flow run."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from schemas import ArtifactStore
+
+    store = ArtifactStore(run_dir)
+    if store.exists("analyze/report.md"):
+        create_markdown_artifact(key="harnessrl-report", markdown=store.read_bytes("analyze/report.md").decode(),
+                                 description=f"harnessrl report of {run_dir}")

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
 from schemas.contracts import Contract, get_contract
+from schemas.faults import fault_point
 from schemas.validation import ContractViolation, check_expectations, check_schema
 
 _PACKAGES = (
@@ -146,6 +147,7 @@ class ArtifactStore:
 
     def __init__(self, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None):
         self.url = str(root)
+        self.storage_options = dict(storage_options or {})
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **dict(storage_options or {}))
         self.fs.makedirs(self.root, exist_ok=True)
 
@@ -181,6 +183,7 @@ class ArtifactStore:
                         os.fsync(f.fileno())
                     except (OSError, io.UnsupportedOperation):
                         pass
+            fault_point(f"tmp-written:{rel}")
             self.fs.mv(tmp, final)
         except BaseException:
             try:
@@ -189,6 +192,24 @@ class ArtifactStore:
             finally:
                 raise
         return hashlib.sha256(data).hexdigest()
+
+    def stray_temp_files(self, folder: str) -> list[str]:
+        """Temp files under ``folder`` (relative) left by writes that were interrupted (a killed
+        process never reaches the rename or the clean-up): paths relative to the root, sorted.
+        They are never artifacts (readers only open ``<name>.parquet`` via a manifest)."""
+        base = self._abs(folder).rstrip("/")
+        if not self.fs.exists(base):
+            return []
+        found = [p for p in self.fs.find(base) if p.rsplit("/", 1)[-1].startswith(".tmp-")]
+        return sorted(p[len(self.root.rstrip("/")) + 1:] for p in found)
+
+    def remove_stray_temp_files(self, folder: str) -> list[str]:
+        """Delete :meth:`stray_temp_files` of ``folder``; returns what was removed. Only safe when no
+        other process writes under ``folder`` (one pipeline per run folder)."""
+        gone = self.stray_temp_files(folder)
+        for rel in gone:
+            self.fs.rm(self._abs(rel))
+        return gone
 
     def read_bytes(self, rel: str) -> bytes:
         """Bytes of ``rel``. Raises ArtifactError when it does not exist."""
@@ -256,6 +277,7 @@ class ArtifactStore:
         data = parquet_bytes(c, table)
         rel = f"{stage}/{name}.parquet"
         sha = self.write_bytes(rel, data)
+        fault_point(f"renamed:{rel}")
         manifest = {
             "artifact": name,
             "stage": stage,
@@ -272,6 +294,7 @@ class ArtifactStore:
             **({"extra": dict(extra)} if extra else {}),
         }
         self.write_json(f"{stage}/{name}.manifest.json", manifest)
+        fault_point(f"manifest:{stage}/{name}")
         return ArtifactRef(name=name, stage=stage, path=rel, sha256=sha, rows=table.num_rows, schema_version=c.version,
                            contract=c.name if c.name != name else "")
 

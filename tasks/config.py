@@ -46,6 +46,22 @@ class SuiteConfig(_Strict):
     seed: int = 0
     params: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _check_source(self) -> "SuiteConfig":
+        if self.source == "reasoning_gym":
+            from reasoning_gym.factory import DATASETS
+
+            if self.name not in DATASETS:
+                near = sorted(n for n in DATASETS if n.split("_")[0] == self.name.split("_")[0])[:8]
+                raise ValueError(f"suites[].name={self.name!r} is not a reasoning-gym dataset"
+                                 + (f" (similar: {near})" if near else ""))
+        if self.source == "terminal_bench" and self.name != "builtin" and not Path(self.name).is_dir():
+            raise ValueError(f"suites[].name={self.name!r}: no such folder (terminal_bench needs 'builtin' or a "
+                             "folder of task folders)")
+        if self.source == "miniwob" and self.params:
+            raise ValueError(f"suites[].params={dict(self.params)!r}: the miniwob source takes no params")
+        return self
+
 
 class SplitConfig(_Strict):
     """Train/test split by task hash: tasks sorted by ``task_hash``; the first
@@ -253,6 +269,9 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_combination(self) -> "TrainConfig":
+        if self.init_adapter is not None and not (Path(self.init_adapter) / "adapter_config.json").is_file():
+            raise ValueError(f"train.init_adapter={self.init_adapter!r} is not a peft adapter folder (no "
+                             "adapter_config.json there)")
         if self.algorithm in ("gspo", "gspo_token") and self.agg != "seq_mean_token_mean":
             raise ValueError(
                 f"train.agg={self.agg!r} is not defined for GSPO: GSPO's loss is a mean over sequences "
@@ -262,7 +281,8 @@ class TrainConfig(_Strict):
             raise ValueError("train.old_logprobs='recompute' with mode 'online': stale samples must use the behaviour "
                              "log-probs recorded at sampling (old_logprobs: sampler)")
         if self.mode == "frozen" and self.max_staleness:
-            raise ValueError("train.max_staleness applies to mode 'online' only")
+            raise ValueError(f"train.max_staleness={self.max_staleness} applies to mode 'online' only "
+                             "(train.mode='frozen' uses each rollout once per step)")
         if self.kl.importance_weighted and self.kl.placement == "reward":
             raise ValueError("train.kl.importance_weighted applies to the in-loss KL; placement 'reward' has none "
                              "(use placement 'loss' or 'both')")
@@ -436,8 +456,11 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for k in parents:
+        for i, k in enumerate(parents):
             node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{p}: override {dotted}={value!r}: key {'.'.join(parents[:i + 1])!r} is "
+                                  f"{node!r}, not a mapping")
         node[leaf] = value
     try:
         return RunConfig.model_validate(data)

@@ -20,6 +20,8 @@ def load_mapping(path: Path, error: type[Exception]) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise error(f"{path}: not valid YAML: {e}") from None
+    if data is None:
+        raise error(f"{path}: the file is empty; expected a mapping of keys (name, suites, harnesses, ...)")
     if not isinstance(data, dict):
         raise error(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
@@ -31,6 +33,15 @@ def describe(path: Path, exc: ValidationError) -> str:
     for err in exc.errors():
         key = ".".join(str(x) for x in err["loc"]) or "(top level)"
         value = err.get("input")
+        if err["type"] == "missing":
+            lines.append(f"{path}: key {key!r} is missing (required)")
+            continue
+        if err["type"] == "value_error" and isinstance(value, dict):
+            # a cross-field check: its message names the keys and values itself
+            msg = err["msg"].removeprefix("Value error, ")
+            where = f" (in {key!r})" if err["loc"] else ""
+            lines.append(f"{path}: {msg}{where}")
+            continue
         shown = "{...}" if isinstance(value, dict) else repr(value)
-        lines.append(f"{path}: key {key!r} = {shown[:200]}: {err['msg']}")
+        lines.append(f"{path}: key {key!r} = {shown[:200]}: {err['msg'].removeprefix('Value error, ')}")
     return "\n".join(lines)

@@ -27,8 +27,8 @@ def test_default_config_loads_and_hash_is_stable():
     ("name: x\nsuites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct]\ntrain: {kl: {estimator: k4}}\n",
      "train.kl.estimator"),
     ("name: x\nsuites: []\nharnesses: [direct]\n", "suites"),
-    ("name: x\nsuites: [{name: a, size: 2}]\nharnesses: [direct, direct]\n", "duplicates"),
-    ("name: x\nsuites: [{name: a, size: 2}]\nharnesses: [direct]\nevaluate: {attempts: 2}\nanalyze: {ceiling_k: 4}\n",
+    ("name: x\nsuites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct, direct]\n", "duplicates"),
+    ("name: x\nsuites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct]\nevaluate: {attempts: 2}\nanalyze: {ceiling_k: 4}\n",
      "ceiling_k"),
     ("name: [x\n", "not valid YAML"),
     ("- 1\n- 2\n", "mapping"),
@@ -48,10 +48,10 @@ def test_missing_file(tmp_path):
 
 def test_unknown_harness_and_missing_model_are_refused_at_load(tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text("name: x\nsuites: [{name: a, size: 2}]\nharnesses: [direct, nope]\n")
+    p.write_text("name: x\nsuites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct, nope]\n")
     with pytest.raises(ConfigError, match="harness 'nope'.*shipped harnesses") as e:
         load_config(p)
     assert "key 'harnesses'" in str(e.value)
-    p.write_text(f"name: x\nsuites: [{{name: a, size: 2}}]\nharnesses: [direct]\npolicy: {{model: {tmp_path / 'none'}}}\n")
+    p.write_text(f"name: x\nsuites: [{{name: basic_arithmetic, size: 2}}]\nharnesses: [direct]\npolicy: {{model: {tmp_path / 'none'}}}\n")
     with pytest.raises(ConfigError, match="policy.model=.*none.*config.json"):
         load_config(p)

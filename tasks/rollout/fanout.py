@@ -331,13 +331,18 @@ def fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> list[di
         ValueError: a policy object with the ``dask`` runner.
         ShardError: a shard failed; the first failure in shard order, naming it.
     """
+    from tasks.progress import progress
+
+    total = sum(inp.shard.episodes for inp in inputs)
     if rc.task_runner == "serial":
         out = []
-        for inp in inputs:
-            try:
-                out.append(run_shard(inp, policy))
-            except Exception as e:
-                raise ShardError(f"rollout {inp.shard.label} failed (runner serial): {type(e).__name__}: {e}") from e
+        with progress(f"episodes ({len(inputs)} shards, serial)", total, "episodes") as advance:
+            for inp in inputs:
+                try:
+                    out.append(run_shard(inp, policy))
+                except Exception as e:
+                    raise ShardError(f"rollout {inp.shard.label} failed (runner serial): {type(e).__name__}: {e}") from e
+                advance(inp.shard.episodes)
         return out
     if rc.task_runner != "thread" and not isinstance(policy, PolicySource):
         raise ValueError(f"rollout.task_runner={rc.task_runner!r} loads the policy in worker processes and needs a "
@@ -347,10 +352,13 @@ def fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> list[di
     with _shared_api(rc), _task_runner(rc) as runner:
         futures = [runner.submit(shard_task, {"inp": inp, "policy": policy}) for inp in inputs]
         out = []
-        for inp, fut in zip(inputs, futures):
-            try:
-                out.append(fut.result())
-            except Exception as e:
-                raise ShardError(f"rollout {inp.shard.label} failed (runner {rc.task_runner}, {rc.workers} workers): "
-                                 f"{type(e).__name__}: {e}") from e
+        with progress(f"episodes ({len(inputs)} shards, {rc.task_runner} x{rc.workers})", total,
+                      "episodes") as advance:
+            for inp, fut in zip(inputs, futures):
+                try:
+                    out.append(fut.result())
+                except Exception as e:
+                    raise ShardError(f"rollout {inp.shard.label} failed (runner {rc.task_runner}, {rc.workers} "
+                                     f"workers): {type(e).__name__}: {e}") from e
+                advance(inp.shard.episodes)
     return out

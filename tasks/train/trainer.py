@@ -511,15 +511,19 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
         trainer.load(st)
         rows, timing = st["rows"], st["timing"]
     done_here = 0
-    while trainer.version < tc.steps:
-        row, t = trainer.step(batch)
-        rows.append(row)
-        timing.append(t)
-        done_here += 1
-        if state_path is not None and (trainer.version % tc.checkpoint_every == 0 or trainer.version == tc.steps):
-            _save_state(state_path, trainer.state(resume_key=resume_key, rows=rows, timing=timing))
-        if stop_after is not None and done_here >= stop_after and trainer.version < tc.steps:
-            raise TrainingInterrupted(f"stopped after step {trainer.version} (stop_after={stop_after})")
+    from tasks.progress import progress
+
+    with progress("train steps", tc.steps - trainer.version, "steps") as advance:
+        while trainer.version < tc.steps:
+            row, t = trainer.step(batch)
+            rows.append(row)
+            timing.append(t)
+            done_here += 1
+            advance(1)
+            if state_path is not None and (trainer.version % tc.checkpoint_every == 0 or trainer.version == tc.steps):
+                _save_state(state_path, trainer.state(resume_key=resume_key, rows=rows, timing=timing))
+            if stop_after is not None and done_here >= stop_after and trainer.version < tc.steps:
+                raise TrainingInterrupted(f"stopped after step {trainer.version} (stop_after={stop_after})")
     return TrainResult(steps=rows, timing=timing, adapter_dir=trainer.save_adapter(out_dir))
 
 

@@ -1,0 +1,108 @@
+"""Prefect deployments of harnessrl: the entry flow a worker runs, and ``harnessrl deploy``.
+
+``prefect.yaml`` (repository root) declares the deployments: the whole pipeline and each stage
+(a stage deployment runs the stages before it too; finished ones come back ``Cached``), each with
+the run config's path as a parameter and a cron schedule. :func:`register` creates them through
+the Prefect API at ``PREFECT_API_URL`` (the same file also works with ``prefect deploy --all``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import flow
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENTRYPOINT = "flows/deploy.py:run_config"
+
+
+@flow(name="harnessrl")
+def run_config(config: str = "configs/default.yaml", run_dir: str | None = None, stage: str | None = None,
+               from_stage: str | None = None) -> dict[str, Any]:
+    """Load the run config at ``config`` (relative paths: from the worker's working directory, the
+    checkout) and run the pipeline's stage flows up to ``stage`` (None: all five) into ``run_dir``
+    (None: ``RUN_ROOT/NAME-CONFIGHASH``). Returns ``{stage: {"state", "seconds", "outputs": {name:
+    sha256}}}``.
+
+    Raises:
+        tasks.config.ConfigError: the config is invalid (the message names file, key, value).
+    """
+    from flows.pipeline import chain
+    from tasks.config import load_config
+
+    cfg = load_config(config)
+    rd = run_dir or (f"{cfg.run_root.rstrip('/')}/{cfg.name}-{cfg.config_hash()[:10]}" if "://" in cfg.run_root
+                     else str(Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"))
+    if "://" not in rd:
+        Path(rd).mkdir(parents=True, exist_ok=True)
+    result = chain(cfg, rd, from_stage, stage)
+    return {s: {"state": r["state"], "seconds": r["seconds"], "outputs": {k: v.sha256 for k, v in r["outputs"].items()}}
+            for s, r in result.items()}
+
+
+def load_deployments(path: str | Path = REPO_ROOT / "prefect.yaml") -> list[dict[str, Any]]:
+    """The ``deployments`` list of a ``prefect.yaml``. Raises ValueError when it has none or one
+    lacks ``name``/``entrypoint``/``work_pool.name``."""
+    p = Path(path)
+    data = yaml.safe_load(p.read_text()) or {}
+    deps = data.get("deployments") or []
+    if not deps:
+        raise ValueError(f"{p}: no deployments")
+    for i, d in enumerate(deps):
+        for key in ("name", "entrypoint"):
+            if not d.get(key):
+                raise ValueError(f"{p}: deployments[{i}] has no {key!r}")
+        if not (d.get("work_pool") or {}).get("name"):
+            raise ValueError(f"{p}: deployments[{i}] ({d['name']!r}) has no work_pool.name")
+    return deps
+
+
+def ensure_process_pool(name: str) -> None:
+    """Create the work pool ``name`` (type ``process``) unless it exists."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+
+
+def register(path: str | Path = REPO_ROOT / "prefect.yaml", names: list[str] | None = None,
+             source: str | Path = REPO_ROOT) -> dict[str, str]:
+    """Create or update the deployments of ``path`` (all, or those in ``names``) with code from
+    ``source`` (a local checkout the workers can read), creating their process work pools.
+    Returns ``{"FLOW/DEPLOYMENT": deployment id}``.
+
+    Raises:
+        ValueError: a name in ``names`` is not declared in ``path``.
+        RuntimeError: no Prefect API answers (``PREFECT_API_URL`` unset or unreachable).
+    """
+    from prefect.schedules import Cron
+
+    deps = load_deployments(path)
+    known = [d["name"] for d in deps]
+    for n in names or []:
+        if n not in known:
+            raise ValueError(f"deployment {n!r} is not in {path}; declared: {known}")
+    out = {}
+    for d in deps:
+        if names and d["name"] not in names:
+            continue
+        pool = d["work_pool"]["name"]
+        ensure_process_pool(pool)
+        f = flow.from_source(source=str(source), entrypoint=d["entrypoint"])
+        schedules = []
+        for s in d.get("schedules") or []:
+            if "cron" not in s:
+                raise ValueError(f"{path}: deployment {d['name']!r}: only cron schedules are supported, got {s}")
+            schedules.append(Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True)))
+        dep_id = f.deploy(name=d["name"], work_pool_name=pool, parameters=d.get("parameters") or {},
+                          description=d.get("description"), tags=d.get("tags") or [], schedules=schedules or None,
+                          build=False, push=False, print_next_steps=False, ignore_warnings=True)
+        out[f"{f.name}/{d['name']}"] = str(dep_id)
+    return out

@@ -1,0 +1,85 @@
+"""Progress of long loops (rollout shards and episodes, train steps): a rich progress bar on a
+terminal, plus log lines through Prefect's run logger (inside a flow or task run) or the
+``harnessrl`` module logger (outside one), so a run's progress shows in the Prefect UI too.
+
+The bar is drawn only when stderr is a TTY and ``HARNESSRL_PROGRESS`` is not ``0``; log lines are
+written at most every ``log_every_s`` seconds (and at the end), never per item.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+_log = logging.getLogger("harnessrl.progress")
+
+
+def run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
+    """Prefect's ``get_run_logger()`` when called inside a flow or task run, else the module logger."""
+    try:
+        from prefect import get_run_logger
+        from prefect.exceptions import MissingContextError
+
+        try:
+            return get_run_logger()
+        except MissingContextError:
+            return _log
+    except ImportError:  # pragma: no cover - prefect is a dependency
+        return _log
+
+
+def bar_enabled() -> bool:
+    """True when a bar should be drawn: stderr is a TTY and ``HARNESSRL_PROGRESS`` is not ``0``."""
+    return os.environ.get("HARNESSRL_PROGRESS", "1") != "0" and sys.stderr.isatty()
+
+
+@contextmanager
+def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10.0
+             ) -> Iterator[Callable[[int], None]]:
+    """Track ``total`` units of work named ``desc``; yields ``advance(n=1)``.
+
+    Args:
+        desc: what is being done, e.g. ``"rollout shards"``.
+        total: the number of units (>= 0).
+        unit: the units' name in log lines (``shards``, ``steps``, ``episodes``).
+        log_every_s: seconds between log lines (a line is always written at the end).
+
+    Raises:
+        ValueError: ``total`` < 0.
+    """
+    if total < 0:
+        raise ValueError(f"progress {desc!r}: total={total} must be >= 0")
+    logger = run_logger()
+    done = [0]
+    t0 = last = time.monotonic()
+    bar = None
+    task_id = None
+    if bar_enabled():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       TimeRemainingColumn(), transient=True)
+        bar.start()
+        task_id = bar.add_task(desc, total=total)
+
+    def advance(n: int = 1) -> None:
+        nonlocal last
+        done[0] += n
+        if bar is not None:
+            bar.update(task_id, advance=n)
+        now = time.monotonic()
+        if now - last >= log_every_s and done[0] < total:
+            last = now
+            logger.info("%s: %d/%d %s (%.0f s)", desc, done[0], total, unit, now - t0)
+
+    try:
+        yield advance
+    finally:
+        if bar is not None:
+            bar.stop()
+        logger.info("%s: %d/%d %s in %.1f s", desc, done[0], total, unit, time.monotonic() - t0)

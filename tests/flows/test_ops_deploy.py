@@ -1,0 +1,155 @@
+"""Deployments end to end: a real Prefect server on loopback (SQLite), ``harnessrl deploy`` registers
+prefect.yaml's pipeline deployment (cron schedule, config path parameter), a real process worker
+runs a flow run of it on the tiny model, and the flow run, its stage task runs and the report
+artifact are read back through the API; then headless Chromium opens the run in the Prefect UI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.facilities import bwrap_missing, require
+
+REPO = Path(__file__).resolve().parents[2]
+PREFECT = str(Path(sys.executable).parent / "prefect")
+STAGES = ["freeze", "rollout", "train", "evaluate", "analyze"]
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=15)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """``prefect server start`` on a free loopback port with its own PREFECT_HOME (SQLite).
+    Yields (api_url, ui_url, env for child processes)."""
+    home = tmp_path_factory.mktemp("prefect-server-home")
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_UI_API_URL": api, "PREFECT_API_URL": api, "HARNESSRL_PROGRESS": "0",
+           "PREFECT_LOGGING_EXTRA_LOGGERS": "harnessrl"}
+    log = open(home / "server.log", "w")
+    p = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield api, f"http://127.0.0.1:{port}", env
+    finally:
+        _stop(p)
+        log.close()
+
+
+def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_path):
+    require("bubblewrap", bwrap_missing())
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterKey, FlowRunFilter,
+                                                FlowRunFilterParentFlowRunId)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.flows.test_ops_faults import tiny_config
+
+    api, ui, env = server
+    cfg_path = tmp_path / "tiny.yaml"
+    cfg_path.write_text(yaml.safe_dump(tiny_config(tiny_model_dir, name="deployed")))
+    run_dir = tmp_path / "run"
+
+    t0 = time.monotonic()
+    dep = subprocess.run([sys.executable, "-m", "flows.cli", "deploy", "pipeline"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert dep.returncode == 0, dep.stdout + dep.stderr
+    assert "registered harnessrl/pipeline" in dep.stdout and "prefect worker start --pool harnessrl-process" in dep.stdout
+    t_deploy = time.monotonic() - t0
+
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        d = client.read_deployment_by_name("harnessrl/pipeline")
+        assert d.parameters == {"config": "configs/default.yaml"} and d.work_pool_name == "harnessrl-process"
+        (sched,) = client.read_deployment_schedules(d.id)
+        assert sched.schedule.cron == "0 3 * * *" and sched.active is False
+        run = client.create_flow_run_from_deployment(d.id, parameters={"config": str(cfg_path),
+                                                                      "run_dir": str(run_dir)})
+        wlog = open(tmp_path / "worker.log", "w")
+        worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "harnessrl-process", "--type", "process"],
+                                  cwd=REPO, env=env, stdout=wlog, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                fr = client.read_flow_run(run.id)
+                if fr.state is not None and fr.state.is_final():
+                    break
+                assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+                time.sleep(2)
+        finally:
+            _stop(worker)
+            wlog.close()
+        t_run = time.monotonic() - t0 - t_deploy
+        assert fr.state.is_completed(), (fr.state, (tmp_path / "worker.log").read_text()[-3000:])
+        assert fr.deployment_id == d.id and fr.parameters["config"] == str(cfg_path)
+
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+        assert len(children) == 5 and all(c.state.is_completed() for c in children)
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [c.id for c in children]}))
+        assert sorted(t.name.rsplit("-", 1)[0] for t in tasks) == sorted(STAGES)
+        assert all(t.state.is_completed() for t in tasks)
+        (art,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["harnessrl-report"])))
+        assert art.flow_run_id == run.id and art.type == "markdown"
+        assert art.data == (run_dir / "analyze/report.md").read_text() and "pass@1" in art.data
+    assert (run_dir / "analyze/mismatch.parquet").is_file()
+    print(f"deploy {t_deploy:.1f} s, worker run {t_run:.1f} s")
+
+    # G. the flow run in the Prefect UI (headless Chromium)
+    chrome = shutil.which("chromium") or shutil.which("chromium-browser")
+    require("chromium", None if chrome else "chromium is not installed (run scripts/setup-chromium.sh)")
+    flags = [chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'chrome-profile'}", "--virtual-time-budget=15000",
+             "--window-size=1400,1000"]
+    page = f"{ui}/runs/flow-run/{run.id}"
+    shot = tmp_path / "flow-run.png"
+    r = subprocess.run([*flags, f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 10_000, r.stderr[-2000:]
+    dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    assert fr.name in dom
+    for s in STAGES:
+        assert f"stage {s}: " in dom, f"stage {s} not on the flow-run page"
+    (tmp_path / "flow-run.html").write_text(dom)
+    # the report artifact's own page: its key and the rendered markdown
+    art_dom = subprocess.run([*flags, "--dump-dom", f"{ui}/artifacts/key/harnessrl-report"], capture_output=True,
+                             text=True, timeout=120).stdout
+    (tmp_path / "artifact.html").write_text(art_dom)
+    assert "Artifact: harnessrl-report" in art_dom and f"harnessrl report of {run_dir}" in art_dom
+    print(f"screenshot: {shot}")

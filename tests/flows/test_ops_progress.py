@@ -1,0 +1,59 @@
+"""tasks/progress.py: no bar off a terminal, log lines through the module logger outside a Prefect
+run (and a final line with the count), a bar when stderr is a terminal."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+
+from tasks import progress as P
+
+
+class _Keep(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_logs_outside_a_run_and_no_bar_off_a_tty(monkeypatch):
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert P.bar_enabled() is False
+    assert P.run_logger() is P._log
+    keep = _Keep()
+    P._log.addHandler(keep)
+    old_level = P._log.level
+    P._log.setLevel(logging.INFO)  # setLevel also clears the logger's enabled-for cache
+    monkeypatch.setattr(P._log, "disabled", False)  # logging.config (Prefect's) may have disabled it
+    try:
+        with P.progress("rollout episodes", 6, "episodes", log_every_s=0.0) as advance:
+            for _ in range(3):
+                advance(2)
+    finally:
+        P._log.removeHandler(keep)
+        P._log.setLevel(old_level)
+    msgs = [r.getMessage() for r in keep.records]
+    assert msgs[:2] == ["rollout episodes: 2/6 episodes (0 s)", "rollout episodes: 4/6 episodes (0 s)"]
+    assert msgs[-1].startswith("rollout episodes: 6/6 episodes in ")
+    assert len(msgs) == 3  # no periodic line once the work is done; one final line
+
+
+def test_bar_on_a_tty_and_env_switch(monkeypatch):
+    class TTY(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stderr", TTY())
+    assert P.bar_enabled() is True
+    monkeypatch.setenv("HARNESSRL_PROGRESS", "0")
+    assert P.bar_enabled() is False
+
+
+def test_negative_total_is_refused():
+    with pytest.raises(ValueError, match="total=-1"):
+        with P.progress("x", -1):
+            pass
