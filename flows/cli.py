@@ -196,6 +196,7 @@ def bipa(
         raise typer.Exit(2)
     rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
     rd.mkdir(parents=True, exist_ok=True)
+    Path(cfg.run_root).mkdir(parents=True, exist_ok=True)  # the Prefect home lives there, also with --run-dir
     prepare_environment(Path(cfg.run_root))
     _quiet_libraries()
     from flows.bipa import bipa_flow
