@@ -47,6 +47,17 @@ def test_clean_proposal():
     assert clean_proposal("line one\nline two", 12) == "line one"
 
 
+def _cfg(model_dir):
+    return BipaRunConfig.model_validate({
+        "name": "bipa-e2e", "seed": 3,
+        "suites": [{"name": "basic_arithmetic", "size": 6, "seed": 1,
+                    "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
+        "split": {"test_fraction": 0.34}, "harnesses": ["react-python-skill"],
+        "policy": {"model": str(model_dir)}, "rollout": {"task_runner": "serial"},
+        "bipa": {"candidates": 3, "selection_tasks": 2, "test_tasks": 2, "samples": 2, "bootstrap": 50},
+    })
+
+
 def test_tiny_bipa_run(tiny_model_dir, prefect_harness, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
@@ -56,14 +67,7 @@ def test_tiny_bipa_run(tiny_model_dir, prefect_harness, tmp_path, monkeypatch):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     pol = ScriptedPolicy(tok)
     monkeypatch.setattr(stage, "load_policy", lambda cfg, adapter_dir=None: pol)
-    cfg = BipaRunConfig.model_validate({
-        "name": "bipa-e2e", "seed": 3,
-        "suites": [{"name": "basic_arithmetic", "size": 6, "seed": 1,
-                    "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
-        "split": {"test_fraction": 0.34}, "harnesses": ["react-python-skill"],
-        "policy": {"model": str(tiny_model_dir)}, "rollout": {"task_runner": "serial"},
-        "bipa": {"candidates": 3, "selection_tasks": 2, "test_tasks": 2, "samples": 2, "bootstrap": 50},
-    })
+    cfg = _cfg(tiny_model_dir)
     out = bipa_flow(cfg, str(tmp_path))
     store = ArtifactStore(tmp_path)
     cands = store.rows(out["bipa"]["bipa_candidates"])
@@ -94,3 +98,22 @@ def test_tiny_bipa_run(tiny_model_dir, prefect_harness, tmp_path, monkeypatch):
     assert g.number_of_edges() == len(edges) == 4 * 4 * 3  # 4 arm-sets x 4 episodes x (system, skill, instruction)
     report = (tmp_path / "bipa" / "report.md").read_text()
     assert "| learned | 1 | 1.000 | 1.000 | 1.000 |" in report and "| seed (hand-written) | 0 | 0.000 |" in report
+
+
+def test_same_config_same_bytes(tiny_model_dir, tmp_path):
+    """Two runs of the same config and seed write byte-identical artifacts and report."""
+    from transformers import AutoTokenizer
+
+    from tasks.bipa.optimizer import run_bipa
+    from tasks.records.stage import run_freeze
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = _cfg(tiny_model_dir)
+    shas, reports = [], []
+    for k in range(2):
+        store = ArtifactStore(tmp_path / str(k))
+        refs = run_bipa(store, cfg, run_freeze(store, cfg, {}), ScriptedPolicy(tok))
+        shas.append({n: r.sha256 for n, r in refs.items()})
+        reports.append((tmp_path / str(k) / "bipa" / "report.md").read_bytes()
+                       + (tmp_path / str(k) / "bipa" / "episode_graph.graphml").read_bytes())
+    assert shas[0] == shas[1] and reports[0] == reports[1]
