@@ -244,5 +244,34 @@ def main() -> None:  # pragma: no cover
     app(prog_name="harnessrl")
 
 
+@app.command("bipa")
+def bipa(
+    config: Path = typer.Option(..., "--config", "-c", help="a BiPA run config (e.g. configs/bipa-small.yaml)"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default RUN_ROOT/NAME-CONFIGHASH)"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set bipa.candidates=2"),
+) -> None:
+    """P2 (BiPA): optimise a harness's skill, replay the acceptance rule on fresh and test episodes,
+    build the episode graph; artifacts and bipa/report.md in the run folder."""
+    from tasks.bipa.config import load_bipa_config
+    from tasks.config import ConfigError
+
+    try:
+        cfg = load_bipa_config(config, _parse_sets(set_))
+    except ConfigError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
+    rd.mkdir(parents=True, exist_ok=True)
+    Path(cfg.run_root).mkdir(parents=True, exist_ok=True)  # the Prefect home lives there, also with --run-dir
+    prepare_environment(Path(cfg.run_root))
+    _quiet_libraries()
+    from flows.bipa import bipa_flow
+
+    t0 = time.perf_counter()
+    bipa_flow(cfg, str(rd))
+    typer.echo((rd / "bipa" / "report.md").read_text())
+    typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -21,6 +21,7 @@ from prefect import task
 from prefect.context import TaskRunContext
 
 from schemas import CONTRACTS, ArtifactRef, ArtifactStore
+from schemas.contracts import PIPELINE_CONTRACTS
 from schemas.faults import fault_point
 from flows.status import STATE_DIR
 from tasks.config import RunConfig
@@ -44,7 +45,7 @@ def stage_cache_key(stage: str, parameters: dict[str, Any]) -> str:
     inputs: dict[str, ArtifactRef] = parameters["inputs"]
     return sha256_json({
         "stage": stage,
-        "contracts": {n: c.version for n, c in sorted(CONTRACTS.items())},
+        "contracts": {n: c.version for n, c in sorted(CONTRACTS.items()) if n in PIPELINE_CONTRACTS},
         "inputs": {k: v.sha256 for k, v in sorted(inputs.items())},
         "config": cfg.section_hash(*STAGE_SECTIONS[stage]),
     })

@@ -389,6 +389,23 @@ KL_CHECK = _register(
 )
 
 
+# The pipeline's own contracts (those defined above). Stage cache keys hash these only, so a key
+# never depends on which other modules (``tasks.bipa``, ...) a process happened to import.
+PIPELINE_CONTRACTS: frozenset[str] = frozenset(CONTRACTS)
+
+
+def register_contract(c: Contract) -> Contract:
+    """Register a contract defined outside this module (e.g. ``tasks/bipa/contracts.py``).
+
+    Raises:
+        ValueError: another contract with the same name and a different definition exists.
+    """
+    old = CONTRACTS.get(c.name)
+    if old is not None and old != c:
+        raise ValueError(f"contract {c.name!r} is already registered with another definition")
+    return _register(c)
+
+
 def get_contract(name: str) -> Contract:
     """The contract named ``name``. Raises KeyError naming the known contracts."""
     try:

@@ -77,3 +77,19 @@ def test_file_url_store(tmp_path):
     ref = store.write("freeze", "records", _records(2))
     assert (tmp_path / "remote-run/freeze/records.parquet").is_file()
     assert [r["record_id"] for r in store.rows(ref)] == ["r0", "r1"]
+
+
+def test_stage_cache_keys_ignore_contracts_registered_by_other_modules():
+    """A process that imports tasks.bipa (which registers its own contracts) must compute the
+    same pipeline cache keys as one that does not."""
+    from flows.common import stage_cache_key
+    from schemas.contracts import CONTRACTS, Contract, register_contract
+    from tasks.config import RunConfig
+
+    cfg = RunConfig(name="k", suites=[{"name": "basic_arithmetic", "size": 3}], harnesses=["direct"])
+    before = stage_cache_key("freeze", {"cfg": cfg, "inputs": {}})
+    register_contract(Contract("zz_test_extra", 1, CONTRACTS["tasks"].schema))
+    try:
+        assert stage_cache_key("freeze", {"cfg": cfg, "inputs": {}}) == before
+    finally:
+        CONTRACTS.pop("zz_test_extra")

@@ -1,0 +1,47 @@
+"""P2 (BiPA) as a Prefect flow: freeze (the pipeline's cached stage) -> the skill optimizer, its
+acceptance-rule replay, the episode graph and the report (one Prefect task; see
+:mod:`tasks.bipa.optimizer`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from flows.common import call_stage
+from flows.stages import freeze_task
+from schemas import ArtifactRef, ArtifactStore
+from tasks.bipa.config import BipaRunConfig
+
+
+@task(name="bipa", persist_result=False, log_prints=True)
+def bipa_task(run_dir: str, cfg: BipaRunConfig, frozen: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
+    """Load the policy (and the proposer, when ``bipa.proposer`` names another engine), run
+    :func:`tasks.bipa.optimizer.run_bipa`, and close the engines."""
+    from tasks.bipa.optimizer import run_bipa
+    from tasks.rollout.fanout import _close
+    from tasks.rollout.stage import load_policy
+
+    policy = load_policy(cfg)
+    proposer = None
+    try:
+        if cfg.bipa.proposer is not None:
+            proposer = load_policy(cfg.model_copy(update={"policy": cfg.bipa.proposer}))
+        return run_bipa(ArtifactStore(run_dir), cfg, frozen, policy, proposer)
+    finally:
+        _close(policy)
+        if proposer is not None:
+            _close(proposer)
+
+
+@flow(name="harnessrl-bipa")
+def bipa_flow(cfg: BipaRunConfig, run_dir: str, force_freeze: bool = False) -> dict[str, Any]:
+    """Freeze (cached by content like the pipeline's), then the BiPA task. Returns
+    ``{"freeze": refs, "bipa": refs, "seconds": wall-clock seconds of the BiPA task}``."""
+    frozen, _ = call_stage(freeze_task, run_dir, cfg, {}, force_freeze)
+    t0 = time.perf_counter()
+    refs = bipa_task(run_dir, cfg, frozen)
+    seconds = time.perf_counter() - t0
+    get_run_logger().info("bipa: %.1f s -> %s", seconds, ", ".join(f"{k} ({v.rows} rows)" for k, v in refs.items()))
+    return {"freeze": frozen, "bipa": refs, "seconds": seconds}

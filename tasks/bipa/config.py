@@ -1,0 +1,102 @@
+"""Config of a BiPA run (P2): a :class:`tasks.config.RunConfig` with a ``bipa`` section.
+
+``BipaRunConfig`` subclasses ``RunConfig`` instead of adding a field to it, so the pipeline's
+config (and every existing run folder's config hash) is unchanged, and everything that takes a
+``RunConfig`` (freeze, ``run_records``, ``PolicySource``) takes this one as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tasks.bipa.replay import AcceptRule
+from tasks.config import ConfigError, PolicyConfig, RunConfig
+from tasks.harnesses.spec import SamplingSpec
+from tasks.yamlfile import describe, load_mapping
+
+
+class BipaConfig(BaseModel):
+    """The skill optimizer and its replay.
+
+    ``harness``: the harness spec whose ``skill`` is optimised (it must be in ``harnesses`` and
+    have a skill; None: the first harness that has one). ``candidates``: rewrites proposed, one
+    after another, each of the incumbent. ``selection_tasks``: train-split tasks scored for
+    acceptance (the first ones in the frozen ``tasks`` order, i.e. by task hash);
+    ``test_tasks``: held-out (test-split) tasks for the replay. ``samples``: episodes per task per
+    score. ``accept``: the acceptance rule. ``proposer``: the engine that writes rewrites (None:
+    the policy itself); ``proposer_sampling``: its sampler. ``max_skill_chars``: a proposal is cut
+    to this many characters at a line end. ``bootstrap``: resamples for the selection-effect
+    interval.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    harness: str | None = None
+    candidates: int = Field(default=3, ge=1, le=1000)
+    selection_tasks: int = Field(default=6, ge=1)
+    test_tasks: int = Field(default=6, ge=1)
+    samples: int = Field(default=2, ge=1)
+    accept: AcceptRule = Field(default_factory=AcceptRule)
+    proposer: PolicyConfig | None = None
+    proposer_sampling: SamplingSpec = Field(default_factory=lambda: SamplingSpec(temperature=0.8,
+                                                                                 max_new_tokens=160))
+    max_skill_chars: int = Field(default=1500, ge=16)
+    bootstrap: int = Field(default=1000, ge=0, le=1_000_000)
+
+
+class BipaRunConfig(RunConfig):
+    """A run config with the ``bipa`` section (required)."""
+
+    bipa: BipaConfig
+
+    @model_validator(mode="after")
+    def _check_bipa(self) -> "BipaRunConfig":
+        self.seed_harness_name()
+        return self
+
+    def seed_harness_name(self) -> str:
+        """The harness whose skill is optimised.
+
+        Raises:
+            ValueError: ``bipa.harness`` is not in ``harnesses`` or has no skill; or no harness has one.
+        """
+        from tasks.harnesses.spec import load_harness
+
+        if self.bipa.harness is not None:
+            if self.bipa.harness not in self.harnesses:
+                raise ValueError(f"bipa.harness={self.bipa.harness!r} is not in harnesses {self.harnesses}")
+            if not load_harness(self.bipa.harness).skill:
+                raise ValueError(f"bipa.harness={self.bipa.harness!r} has no skill section to optimise")
+            return self.bipa.harness
+        for h in self.harnesses:
+            if load_harness(h).skill:
+                return h
+        raise ValueError(f"bipa: none of harnesses {self.harnesses} has a skill section; add one "
+                         "(e.g. react-python-skill) or set bipa.harness")
+
+
+def load_bipa_config(path: str | Path, overrides: dict[str, Any] | None = None) -> BipaRunConfig:
+    """Load and validate a BiPA run config from YAML (``overrides`` as in
+    :func:`tasks.config.load_config`).
+
+    Raises:
+        ConfigError: missing file, not YAML, not a mapping, or a validation failure (names the
+            file, key path and value).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file does not exist")
+    data = load_mapping(p, ConfigError)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    try:
+        return BipaRunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(describe(p, e)) from None
