@@ -160,8 +160,10 @@ class ReflectSpec(_Strict):
 
 
 class LimitsSpec(_Strict):
-    """``episode_wall_s``: wall-clock seconds an episode may take (tool time included); past it the
-    episode ends with status ``timeout``."""
+    """``episode_wall_s``: wall-clock seconds an episode may spend acting on its environment
+    (tool calls, reflection checks); past it the episode ends with status ``timeout``. Generation
+    time is not counted: it depends on the machine and the batch, and would make the same config
+    and seed give different episodes on a slower host."""
 
     episode_wall_s: float | None = Field(default=None, gt=0)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,6 +35,9 @@ from tasks.records.verifiers import VerifierError, grade
 from tasks.rollout.policy import ChatFormat, Generation
 from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
 from tasks.rollout.sandbox.base import SandboxPathError
+
+
+log = logging.getLogger("harnessrl.harness")
 
 
 class Policy(Protocol):
@@ -308,12 +312,9 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
             if not active:
                 break
             turn_seed = seed_from(seed, spec.harness_id, turn, [e.job.episode_id for e in active])
-            t0 = time.monotonic()
             gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
-            gen_s = (time.monotonic() - t0) / len(active)
             results = list(pool.map(lambda eg: _step(eg[0], spec, eg[1], turn, sandbox_cfg), zip(active, gens)))
             for e, g, (observation, obs_spans, action) in zip(active, gens, results):
-                e.wall_s += gen_s
                 spans = list(e.spans0) if turn == 0 else []
                 row = {
                     "episode_id": e.job.episode_id,
@@ -358,6 +359,9 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 except (VerifierError, SandboxError) as err:
                     e.status, e.error = "infra_error", str(err)
             e.env.close()
+            if e.status != "ok":
+                log.warning("episode %s (task %s, harness %s): %s: %s", e.job.episode_id[:12], e.job.task["task_id"],
+                            spec.name, e.status, e.error)
             return {
                 "episode_id": e.job.episode_id,
                 "reward": reward,
@@ -367,6 +371,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 "input_tokens": sum(len(t["prompt_token_ids"]) for t in e.turns),
                 "output_tokens": sum(len(t["completion_token_ids"]) for t in e.turns),
                 "final_answer": e.answer,
+                "error": e.error,
             }
 
         episodes = list(pool.map(finish, eps))

@@ -196,3 +196,29 @@ def test_refused_paths_and_a_full_work_dir_come_back_as_tool_errors(tok):
     assert obs[0].startswith("Error:") and "link" in obs[0]  # a symlink is never followed
     assert obs[1].startswith("Error:")  # a folder is not a file
     assert obs[3].startswith("Error:") and "space" in obs[3].lower()  # the work dir is full
+
+
+def test_episode_wall_limit_counts_environment_time_not_generation(tok, tmp_path):
+    import time
+
+    import yaml
+
+    from tasks.harnesses.spec import SPEC_DIR
+
+    data = yaml.safe_load(open(SPEC_DIR / "openhands-like.yaml"))
+    data.update(name="oh-wall", limits={"episode_wall_s": 1.0})
+    p = tmp_path / "oh-wall.yaml"
+    p.write_text(yaml.safe_dump(data))
+
+    class SlowPolicy(ScriptedPolicy):
+        def generate(self, prompts, sampling, seed):
+            time.sleep(0.8)  # slow sampling alone never ends an episode
+            return super().generate(prompts, sampling, seed)
+
+    task = _task({}, "x")
+    eps, turns = run_episodes(SlowPolicy(tok, ["```bash\necho hi\n```"] * 3 + ["done"]), load_harness(p),
+                              [EpisodeJob("ep", {}, task, 0, 0)], SandboxConfig(), seed=0)
+    assert (eps[0]["status"], eps[0]["num_turns"]) == ("ok", 4)
+    eps, turns = run_episodes(ScriptedPolicy(tok, ["```bash\nsleep 0.6\n```"]), load_harness(p),
+                              [EpisodeJob("ep", {}, task, 0, 0)], SandboxConfig(), seed=0)
+    assert (eps[0]["status"], eps[0]["num_turns"]) == ("timeout", 2)
