@@ -55,8 +55,9 @@ CASES = [
                                                                                 "train.max_len"]),
     ("ceiling-above-attempts", OK + "evaluate: {attempts: 2}\nanalyze: {ceiling_k: 4}\n", {},
      ["analyze.ceiling_k=4", "evaluate.attempts=2"]),
-    ("eval-harness-not-run", OK + "evaluate: {harnesses: [react-python]}\n", {},
-     ["evaluate.harnesses names 'react-python'"]),
+    # a held-out evaluation harness may be absent from `harnesses`, but it must exist
+    ("eval-harness-unknown", OK + "evaluate: {harnesses: [no-such-harness]}\n", {},
+     ["evaluate.harnesses names 'no-such-harness'", "shipped harnesses"]),
     ("miniwob-params", "name: x\nsuites: [{source: miniwob, name: basic, size: 2, params: {a: 1}}]\n"
      "harnesses: [direct]\n", {}, ["suites[].params={'a': 1}", "takes no params"]),
     ("override-wrong-type", OK, {"train.steps": "many"}, ["'train.steps'", "'many'"]),
