@@ -278,8 +278,9 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
 
     Returns:
         ``(episodes, turns)`` row dicts: episode fields known to the engine (episode_id, reward,
-        success, status, num_turns, input_tokens, output_tokens, final_answer) and full ``turns``
-        rows. The caller adds record and policy columns.
+        success, status, num_turns, input_tokens, output_tokens, final_answer, and ``error``: why
+        an episode ended ``infra_error`` or ``timeout``, else "") and full ``turns`` rows. The
+        caller adds record and policy columns.
 
     Raises:
         ValueError: a turn's prompt does not extend the previous turn's prompt + completion
