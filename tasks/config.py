@@ -440,10 +440,13 @@ class RunConfig(_Strict):
         return sha256_json({"seed": self.seed, **{s: dump[s] for s in sections}})
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
+                model: type[RunConfig] | None = None) -> RunConfig:
     """Load and validate a run config from YAML.
 
     ``overrides`` maps dotted keys (``"train.steps"``) to values applied before validation.
+    ``model``: the config class to validate with (default :class:`RunConfig`; a subclass such as
+    BiPA's ``BipaRunConfig`` for commands that need more sections).
 
     Raises:
         ConfigError: the file is missing, is not YAML, is not a mapping, or fails validation;
@@ -463,6 +466,6 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
                                   f"{node!r}, not a mapping")
         node[leaf] = value
     try:
-        return RunConfig.model_validate(data)
+        return (model or RunConfig).model_validate(data)
     except ValidationError as e:
         raise ConfigError(describe(p, e)) from None

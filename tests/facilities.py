@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -72,11 +76,29 @@ def require_chromium() -> None:
     require("chromium", chromium_missing())
 
 
-def require_vllm_venv() -> "Path":
+def require_vllm_venv() -> Path:
     """The vLLM venv's interpreter (``.venv-vllm/bin/python``, built by ``scripts/setup-vllm.sh``);
     skips (locally) or fails (CI) when it is missing."""
-    from pathlib import Path
-
     py = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
     require("the vLLM venv .venv-vllm", None if py.exists() else "run scripts/setup-vllm.sh")
     return py
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the process group of ``proc`` (started with ``start_new_session=True``), wait up to
+    ``grace_s`` seconds, then SIGKILL it; a group already gone is fine."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -10,12 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.bipa.replay import AcceptRule
-from tasks.config import ConfigError, PolicyConfig, RunConfig
+from tasks.config import PolicyConfig, RunConfig, load_config
 from tasks.harnesses.spec import SamplingSpec
-from tasks.yamlfile import describe, load_mapping
 
 
 class BipaConfig(BaseModel):
@@ -86,17 +85,4 @@ def load_bipa_config(path: str | Path, overrides: dict[str, Any] | None = None) 
         ConfigError: missing file, not YAML, not a mapping, or a validation failure (names the
             file, key path and value).
     """
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: config file does not exist")
-    data = load_mapping(p, ConfigError)
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for k in parents:
-            node = node.setdefault(k, {})
-        node[leaf] = value
-    try:
-        return BipaRunConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(describe(p, e)) from None
+    return load_config(path, overrides, model=BipaRunConfig)  # type: ignore[return-value]

@@ -8,8 +8,9 @@ harness never needs new code unless it needs a new *kind* of action.
 Workspace tools act on the episode's sandbox (paths relative to the work dir ``/app``); browser
 tools act on the episode's browser session. Every tool returns a :class:`ToolOutput`; a bad
 argument (a missing file, a search string that does not occur) is the agent's mistake and comes
-back as text in the observation, never as an exception. Only infrastructure failures raise
-(:class:`tasks.rollout.sandbox.SandboxError`, :class:`tasks.rollout.browser.BrowserError`).
+back as text in the observation: either the tool returns it, or it raises SandboxPathError /
+OSError, which the engine turns into the tool's error text. Only infrastructure failures end the
+episode (:class:`tasks.rollout.sandbox.SandboxError`, :class:`tasks.rollout.browser.BrowserError`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import posixpath
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
+
+from tasks.rollout.sandbox.base import SandboxPathError
 
 Needs = Literal["sandbox", "browser", "none"]
 
@@ -59,17 +62,22 @@ class ToolImpl:
 
 
 def _safe_path(path: Any) -> str:
-    """A work-dir-relative path; ``/app/x`` is accepted as ``x``. Raises ValueError on ``..`` escapes."""
+    """A work-dir-relative path; ``/app/x`` is accepted as ``x``.
+
+    Raises:
+        SandboxPathError: a path outside ``/app`` or escaping it with ``..`` (the engine shows
+            the message to the agent as the tool's result).
+    """
     p = str(path).strip()
     if p.startswith("/app/"):
         p = p[len("/app/"):]
     elif p == "/app":
         p = "."
     if p.startswith("/"):
-        raise ValueError(f"path {path!r} is outside the work dir /app")
+        raise SandboxPathError(f"path {path!r} is outside the work dir /app")
     norm = posixpath.normpath(p)
     if norm == ".." or norm.startswith("../"):
-        raise ValueError(f"path {path!r} escapes the work dir /app")
+        raise SandboxPathError(f"path {path!r} escapes the work dir /app")
     return norm
 
 
@@ -104,10 +112,7 @@ def _read(env: ToolEnv, path: str) -> str | None:
 
 
 def _read_file(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
-    try:
-        path = _safe_path(args["path"])
-    except ValueError as e:
-        return ToolOutput(f"Error: {e}")
+    path = _safe_path(args["path"])
     text = _read(env, path)
     if text is None:
         return ToolOutput(f"Error: no file {args['path']!r}")
@@ -121,20 +126,14 @@ def _read_file(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutp
 
 
 def _write_file(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
-    try:
-        path = _safe_path(args["path"])
-    except ValueError as e:
-        return ToolOutput(f"Error: {e}")
+    path = _safe_path(args["path"])
     content = str(args["content"])
     env.sandbox().write_file(path, content)
     return ToolOutput(f"Wrote {len(content.encode())} bytes to {path}")
 
 
 def _str_replace(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
-    try:
-        path = _safe_path(args["path"])
-    except ValueError as e:
-        return ToolOutput(f"Error: {e}")
+    path = _safe_path(args["path"])
     text = _read(env, path)
     if text is None:
         return ToolOutput(f"Error: no file {args['path']!r}")
@@ -159,10 +158,7 @@ def apply_replace(text: str, old: str, new: str) -> str | tuple[int, str]:
 
 
 def _search(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
-    try:
-        path = _safe_path(args.get("path") or ".")
-    except ValueError as e:
-        return ToolOutput(f"Error: {e}")
+    path = _safe_path(args.get("path") or ".")
     cmd = f"grep -rnE --binary-files=without-match -e {shlex.quote(str(args['pattern']))} -- {shlex.quote(path)} | head -n 50"
     res = env.sandbox().exec(["bash", "-c", cmd], timeout_s=timeout_s)
     return ToolOutput(res.stdout.strip() or "No matches.", status=res.status)
@@ -177,10 +173,7 @@ def _glob(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
 
 
 def _list_dir(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
-    try:
-        path = _safe_path(args.get("path") or ".")
-    except ValueError as e:
-        return ToolOutput(f"Error: {e}")
+    path = _safe_path(args.get("path") or ".")
     res = env.sandbox().exec(["ls", "-la", "--", path], timeout_s=timeout_s)
     return ToolOutput(_exec_text(res), status=res.status)
 

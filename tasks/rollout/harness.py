@@ -32,6 +32,7 @@ from tasks.harnesses.spec import HarnessSpec, SamplingSpec, render
 from tasks.harnesses.tools import IMPLS, ToolOutput
 from tasks.hashing import canonical_json, seed_from, sha256_text
 from tasks.records.verifiers import VerifierError, grade
+from tasks.rollout.browser import BrowserError
 from tasks.rollout.policy import ChatFormat, Generation
 from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
 from tasks.rollout.sandbox.base import SandboxPathError
@@ -245,13 +246,7 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
                 observation = render(spec.format_error_template, error="No action found in the reply.",
                                      turns_left=turns_left)
                 spans.append({"source": "format_error"})
-    except SandboxError as err:
-        ep.status, ep.error, ep.done, observation, spans = "infra_error", str(err), True, "", []
-    except Exception as err:  # a browser failure is infrastructure too
-        from tasks.rollout.browser import BrowserError
-
-        if not isinstance(err, BrowserError):
-            raise
+    except (SandboxError, BrowserError) as err:
         ep.status, ep.error, ep.done, observation, spans = "infra_error", str(err), True, "", []
     ep.wall_s += time.monotonic() - t0
     if ep.done and ep.answer is None and ep.status == "ok":

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.facilities import bwrap_missing, require
+from tests.facilities import bwrap_missing, free_port, require, stop_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -26,21 +24,6 @@ STAGES = ["freeze", "rollout", "train", "evaluate", "analyze"]
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(p: subprocess.Popen) -> None:
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(timeout=15)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +31,7 @@ def server(tmp_path_factory):
     """``prefect server start`` on a free loopback port with its own PREFECT_HOME (SQLite).
     Yields (api_url, ui_url, env for child processes)."""
     home = tmp_path_factory.mktemp("prefect-server-home")
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_SERVER_UI_API_URL": api, "PREFECT_API_URL": api, "HARNESSRL_PROGRESS": "0",
@@ -69,7 +52,7 @@ def server(tmp_path_factory):
             time.sleep(0.5)
         yield api, f"http://127.0.0.1:{port}", env
     finally:
-        _stop(p)
+        stop_process_group(p)
         log.close()
 
 
@@ -113,7 +96,7 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
                 assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
                 time.sleep(2)
         finally:
-            _stop(worker)
+            stop_process_group(worker)
             wlog.close()
         t_run = time.monotonic() - t0 - t_deploy
         assert fr.state.is_completed(), (fr.state, (tmp_path / "worker.log").read_text()[-3000:])

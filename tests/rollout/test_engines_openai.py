@@ -14,8 +14,6 @@ measured max 0.026, held to 0.06.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,17 +25,11 @@ import torch
 
 from tasks.config import PolicyConfig
 from tasks.harnesses.spec import SamplingSpec
-from tests.facilities import require_vllm_venv
+from tests.facilities import free_port, require_vllm_venv, stop_process_group
 from tests.rollout.test_engines_vllm import SAMPLINGS, make_lora_adapter, prompts_for, recompute, reference_model
 
 BF16_TOL, BF16_TRUNC_TOL, BF16_MEAN_TOL, BF16_LORA_TOL = 0.02, 0.15, 0.02, 0.06
 SERVED = "tiny"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +37,7 @@ def vllm_server(tiny_model_dir):
     """``vllm serve`` on 127.0.0.1 and a free port, bf16, processed log-probs, runtime LoRA loading;
     yields its base URL and is stopped (its whole process group) afterwards."""
     py = require_vllm_venv()
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
                VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
@@ -73,14 +65,7 @@ def vllm_server(tiny_model_dir):
                 time.sleep(0.5)
         yield base
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc, 30)
         os.unlink(log.name)
 
 

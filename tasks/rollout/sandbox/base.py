@@ -9,6 +9,8 @@ across :meth:`Sandbox.exec` calls of the episode; no process outlives the exec t
 
 from __future__ import annotations
 
+import abc
+
 import base64
 import json
 import struct
@@ -117,7 +119,7 @@ def server_config(cfg: SandboxConfig, *, site: bool, nproc: bool) -> str:
     }, sort_keys=True)
 
 
-class ServerSandbox:
+class ServerSandbox(abc.ABC):
     """Host side of the exec server protocol; a backend supplies the transport
     (:meth:`_send_bytes`, :meth:`_recv_bytes`) and :meth:`_stop`.
 
@@ -134,14 +136,18 @@ class ServerSandbox:
         self._dead: str | None = None
 
     # -- transport, implemented by the backends ------------------------------------------------
+    @abc.abstractmethod
     def _send_bytes(self, data: bytes) -> None:
-        raise NotImplementedError
+        """Write ``data`` to the server's stdin."""
 
+    @abc.abstractmethod
     def _recv_bytes(self, n: int, deadline: float) -> bytes:
-        raise NotImplementedError
+        """Exactly ``n`` bytes of the server's stdout by ``deadline`` (``time.monotonic``);
+        TimeoutError or EOFError otherwise."""
 
+    @abc.abstractmethod
     def _stop(self) -> None:
-        raise NotImplementedError
+        """End the server and everything in the sandbox (idempotent)."""
 
     def _diagnostics(self) -> str:
         return ""
