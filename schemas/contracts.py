@@ -344,6 +344,7 @@ MISMATCH = _register(
             ("infra_errors", pa.int64()),
             ("pass_at_1", pa.float64()),
             ("ceiling_k", pa.int32()),
+            ("ceiling_tasks", pa.int32()),
             ("ceiling", pa.float64()),
             ("ref_pass_at_1", pa.float64()),
             ("kl_beta", pa.float64()),
@@ -382,13 +383,18 @@ PREDICTORS = _register(
             ("slope", pa.float64()),
             ("intercept", pa.float64()),
             ("degenerate", pa.bool_()),
+            ("predictor_bootstrapped", pa.bool_()),
             ("resamples", pa.int64()),
+            ("resamples_valid", pa.int64()),
             ("seed", pa.int64()),
+            ("level", pa.float64()),
         ),
         [("compound_unique", ("target", "predictor")), ("between", "r2", 0.0, 1.0)],
         "P1's claim test: R^2 of a one-predictor OLS fit (C, C_kl_soft, M, C - M of the reference checkpoint under a "
         "harness) of the RL gain and of the trained return over (trained checkpoint, harness) points, with "
-        "task-clustered bootstrap percentile intervals; degenerate = a side had zero variance (R^2 set to 0).",
+        "task-clustered bootstrap percentile intervals at level; degenerate = a side had zero variance (R^2 set to 0); "
+        "predictor_bootstrapped = False for a fixed predictor (M_step), whose interval resamples the target only; "
+        "ceiling_tasks in mismatch = tasks with >= K graded attempts.",
     )
 )
 

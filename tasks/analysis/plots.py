@@ -128,37 +128,50 @@ def r2_comparison(predictors: list[dict[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
-def leakage_plot(leakage: list[dict[str, Any]], jsd: list[dict[str, Any]]) -> bytes | None:
-    """Left: harness-identity leakage (classifier accuracy minus the shuffled-label null, in
-    percentage points, with its interval) and the fraction of zero-advantage groups, per grouping
-    rule. Right: action-distribution JSD (bits) between harnesses within a checkpoint and between
-    checkpoints within a harness."""
-    if not leakage and not jsd:
+def leakage_plot(leakage: list[dict[str, Any]]) -> bytes | None:
+    """Harness-identity leakage (classifier accuracy minus the shuffled-label null, percentage
+    points, with its interval) and the fraction of zero-advantage groups, per grouping rule."""
+    if not leakage:
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-    rules = [r for r in leakage]
-    x = list(range(len(rules)))
-    ok = [r for r in rules if _finite(r.get("leakage_pp"))]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    x = list(range(len(leakage)))
+    names = [r["rule"] for r in leakage]
+    ok = [(i, r) for i, r in enumerate(leakage) if _finite(r.get("leakage_pp"))]
     if ok:
-        xs = [rules.index(r) for r in ok]
-        v = [r["leakage_pp"] for r in ok]
-        err = [[max(0.0, a - r["ci_low"]) for a, r in zip(v, ok)], [max(0.0, r["ci_high"] - a) for a, r in zip(v, ok)]]
-        axes[0].bar(xs, v, yerr=err, capsize=4, color="#c44e52")
+        v = [r["leakage_pp"] for _, r in ok]
+        err = [[max(0.0, a - r["ci_low"]) for a, (_, r) in zip(v, ok)],
+               [max(0.0, r["ci_high"] - a) for a, (_, r) in zip(v, ok)]]
+        axes[0].bar([i for i, _ in ok], v, yerr=err, capsize=4, color="#c44e52")
+    for i, r in enumerate(leakage):
+        if not _finite(r.get("leakage_pp")):
+            axes[0].text(i, 0, "n/a", ha="center", va="bottom")
     axes[0].axhline(0, color="black", lw=0.8)
-    axes[0].set_xticks(x, [r["rule"] for r in rules])
+    axes[0].set_xticks(x, names)
     axes[0].set_ylabel("accuracy - null (pp)")
     axes[0].set_title("harness-identity leakage")
-    axes[1].bar(x, [r["zero_group_fraction"] if _finite(r.get("zero_group_fraction")) else 0.0 for r in rules],
-                color="#8172b2")
-    axes[1].set_xticks(x, [r["rule"] for r in rules])
+    axes[1].bar(x, [r["zero_group_fraction"] for r in leakage], color="#8172b2")
+    axes[1].set_xticks(x, names)
     axes[1].set_ylim(0, 1.05)
     axes[1].set_title("zero-advantage groups (fraction)")
-    if jsd:
-        labels = [f"{r['checkpoint_a']}/{r['harness_a']}\nvs {r['checkpoint_b']}/{r['harness_b']}" for r in jsd]
-        colors = ["#4c72b0" if r["scope"] == "between_harnesses" else "#dd8452" for r in jsd]
-        axes[2].barh(range(len(jsd)), [r["jsd_bits"] for r in jsd], color=colors)
-        axes[2].set_yticks(range(len(jsd)), labels, fontsize=6)
-        axes[2].set_xlim(0, 1.0)
-        axes[2].set_xlabel("JSD (bits); blue: between harnesses, orange: between checkpoints")
-    axes[2].set_title("action-distribution divergence")
+    return _png(fig)
+
+
+def action_jsd_plot(jsd: list[dict[str, Any]]) -> bytes | None:
+    """Action-distribution JSD (bits) between harnesses within a checkpoint (blue) and between
+    checkpoints within a harness (orange), one bar per pair."""
+    if not jsd:
+        return None
+    rows = sorted(jsd, key=lambda r: (r["scope"] != "between_harnesses", r["checkpoint_a"], r["harness_a"],
+                                      r["checkpoint_b"], r["harness_b"]))
+    labels = [f"{r['checkpoint_a']}: {r['harness_a']} vs {r['harness_b']}" if r["scope"] == "between_harnesses"
+              else f"{r['harness_a']}: {r['checkpoint_a']} vs {r['checkpoint_b']}" for r in rows]
+    colors = ["#4c72b0" if r["scope"] == "between_harnesses" else "#dd8452" for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.28 * len(rows)))
+    y = list(range(len(rows)))
+    ax.barh(y, [r["jsd_bits"] for r in rows], color=colors)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.0)
+    ax.set_xlabel("JSD (bits)")
+    ax.set_title("action-distribution divergence (blue: between harnesses, orange: between checkpoints)", fontsize=9)
     return _png(fig)

@@ -155,6 +155,7 @@ def render_report(inp: ReportInputs) -> str:
                 "(percentage points, interval from the null's quantiles).", ""]
         out += _table(["rule", "zero groups", "fraction", "accuracy", "null", "leakage (pp)", "interval", "p", "note"],
                       rows, "lrrrrrrrl") + [""]
+    out += _figure(inp, "leakage", "zero-advantage groups and harness-identity leakage")
     if inp.action_jsd:
         rows = [[r["scope"].replace("_", " "), f"{r['checkpoint_a']} / {r['harness_a']}",
                  f"{r['checkpoint_b']} / {r['harness_b']}", _f(r["jsd_bits"], ".4f"), f"{r['n_a']} / {r['n_b']}"]
@@ -162,7 +163,7 @@ def render_report(inp: ReportInputs) -> str:
         out += ["Action-distribution Jensen-Shannon divergence (bits) over action kinds of the sealed attempts' turns.",
                 ""]
         out += _table(["scope", "a", "b", "JSD (bits)", "turns"], rows, "lllrr") + [""]
-    out += _figure(inp, "leakage", "leakage and action divergence")
+    out += _figure(inp, "action_jsd", "action-distribution divergence")
     if inp.notes:
         out += ["## Notes", ""] + [f"- {n}" for n in inp.notes] + [""]
     out += ["With few test tasks these numbers carry wide sampling error; they describe this run, not the model in "

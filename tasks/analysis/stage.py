@@ -40,24 +40,25 @@ def leakage_rows(episodes: list[dict[str, Any]], cfg: RunConfig) -> list[dict[st
     from tasks.analysis.leakage import harness_leakage, zero_advantage_fractions
 
     scale = cfg.train.advantage_scale
-    zero = {z["rule"]: z for z in zero_advantage_fractions(episodes, rules=RULES, scale=scale)}
+    zero = {z["rule"]: z for z in zero_advantage_fractions(episodes, rules=RULES, scale=scale, seed=cfg.analyze.seed)}
     out = []
     for rule in RULES:
         z = zero[rule]
         row: dict[str, Any] = {"rule": rule, "n_groups": z["n_groups"], "zero_groups": z["zero_groups"],
                                "zero_group_fraction": z["fraction"], "zero_sample_fraction": z["sample_fraction"],
-                               "folds": cfg.analyze.leakage.folds, "permutations": cfg.analyze.leakage.permutations,
-                               "note": ""}
+                               "n_samples": z["n_samples"], "folds": cfg.analyze.leakage.folds,
+                               "permutations": cfg.analyze.leakage.permutations, "note": ""}
         try:
             lk = harness_leakage(episodes, rule, folds=cfg.analyze.leakage.folds,
                                  permutations=cfg.analyze.leakage.permutations, seed=cfg.analyze.seed, scale=scale)
         except ValueError as e:
-            row.update({k: None for k in ("n_samples", "n_classes", "chance", "accuracy", "null_mean", "null_sd",
-                                          "leakage_pp", "ci_low", "ci_high", "p_value")})
+            row.update({k: None for k in ("n_classes", "chance", "accuracy", "null_mean", "null_sd", "leakage_pp",
+                                          "ci_low", "ci_high", "p_value")})
             row["note"] = f"leakage not computable: {e}"
         else:
-            row.update({k: lk[k] for k in ("n_samples", "n_classes", "chance", "accuracy", "null_mean", "null_sd",
-                                           "leakage_pp", "ci_low", "ci_high", "p_value")})
+            row.update({k: lk[k] for k in ("n_classes", "chance", "accuracy", "null_mean", "null_sd", "leakage_pp",
+                                           "p_value", "folds")})
+            row.update({"ci_low": lk["ci_low_pp"], "ci_high": lk["ci_high_pp"]})
         out.append(row)
     return out
 
@@ -70,12 +71,12 @@ def log_odds_tables(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
                     tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(log_odds, log_odds_pairs)`` rows for every trained checkpoint (its adapter against the
     base model with the adapter disabled), at first-turn states of the training rollouts."""
-    from tasks.analysis.logodds import log_odds_pairs, log_odds_summary, peft_scorers
-
     lo = cfg.analyze.log_odds
     cks = _trained(store.rows(inputs["checkpoints"]), cfg.analyze.reference)
     if not cks or lo.max_states_per_harness == 0:
         return [], []
+    from tasks.analysis.logodds import log_odds_pairs, log_odds_summary, peft_scorers
+
     episodes, turns = store.rows(inputs["episodes"]), store.rows(inputs["turns"])
     summary, pairs = [], []
     for ck in cks:
@@ -96,13 +97,13 @@ def branching_rows(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artif
     """``step_mismatch`` rows: continuations branched from the visited states of
     ``analyze.branching.episodes_per_harness`` first-attempt sealed episodes per (checkpoint,
     harness) of the configured checkpoints (chosen with the analyze seed)."""
+    br = cfg.analyze.branching
+    if br.episodes_per_harness == 0:
+        return []
     from tasks.analysis.branching import branch_states
     from tasks.hashing import seed_from
     from tasks.rollout.stage import load_policy
 
-    br = cfg.analyze.branching
-    if br.episodes_per_harness == 0:
-        return []
     cks = {c["name"]: c for c in store.rows(inputs["checkpoints"])}
     missing = [c for c in br.checkpoints if c not in cks]
     if missing:
@@ -150,7 +151,8 @@ def _figures(store: ArtifactStore, tables: dict[str, list[dict[str, Any]]]) -> d
         "pass_rate_heatmap": plots.pass_rate_heatmap(tables["eval_cells"]),
         "ceiling_vs_return": plots.ceiling_vs_return(tables["mismatch"]),
         "r2_comparison": plots.r2_comparison(tables["predictors"]),
-        "leakage": plots.leakage_plot(tables["leakage"], tables["action_jsd"]),
+        "leakage": plots.leakage_plot(tables["leakage"]),
+        "action_jsd": plots.action_jsd_plot(tables["action_jsd"]),
     }
     out = {}
     for name, png in made.items():
@@ -189,10 +191,12 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         steps = branching_rows(store, cfg, inputs, specs, evals, tmp)
         lo_summary, lo_pairs = log_odds_tables(store, cfg, inputs, specs, tmp)
 
-    from tasks.analysis.branching import step_mismatch_summary
+    step_summary: list[dict[str, Any]] = []
+    if steps:
+        from tasks.analysis.branching import step_mismatch_summary
 
-    step_summary = [{"checkpoint": ck, **s} for ck in dict.fromkeys(r["checkpoint"] for r in steps)
-                    for s in step_mismatch_summary([r for r in steps if r["checkpoint"] == ck])]
+        step_summary = [{"checkpoint": ck, **s} for ck in dict.fromkeys(r["checkpoint"] for r in steps)
+                        for s in step_mismatch_summary([r for r in steps if r["checkpoint"] == ck])]
     m_step = {(s["checkpoint"], s["harness_name"]): s["mismatch_step"] for s in step_summary}
     mismatch = mismatch_cells(evals, k=a.ceiling_k, beta=beta, reference=a.reference)
     for r in mismatch:

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from tasks.analysis.ceiling import kl_soft_ceiling, kl_soft_ceiling_array, mismatch_cells
-from tasks.analysis.mismatch import mismatch_table
 
 from ._rows import ev, outcomes
 
@@ -123,8 +122,3 @@ def test_mismatch_cells_rejects_bad_input():
         mismatch_cells(bad, k=2, beta=None)
 
 
-def test_mismatch_table_is_the_v1_projection():
-    rows = mismatch_table(_evals(), 2)
-    assert list(rows[0]) == ["checkpoint", "harness_name", "n_tasks", "attempts", "graded", "infra_errors",
-                             "pass_at_1", "ceiling_k", "ceiling", "mismatch"]
-    assert rows[0]["mismatch"] == pytest.approx(1 / 6)
