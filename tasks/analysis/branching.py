@@ -71,6 +71,11 @@ class ReplayPolicy:
         inner: the policy being analysed (``tokenizer``, ``generate``; ``max_model_len`` if it has one).
         lineages: ``{turn-0 prompt ids (tuple): recorded Generations of turns 0..depth-1}``.
         depth: the turn from which the policy samples (>= 0).
+        recorded_prompts: optional ``{turn-0 prompt ids: the recorded prompt ids of every turn}``,
+            used only to check the engine's one-call-per-turn order.
+
+    Raises:
+        ValueError: ``depth`` < 0 or a lineage with fewer than ``depth`` recorded turns.
 
     Raises (from :meth:`generate`):
         RuntimeError: during a forced turn, a prompt that starts with none of the lineages' first

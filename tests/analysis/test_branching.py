@@ -97,6 +97,9 @@ def test_replay_policy_forces_then_delegates(tok):
     assert inner.calls == [(2, 11)] and len(got) == 2
     with pytest.raises(RuntimeError, match="starts with no recorded"):
         ReplayPolicy(inner, {tuple(a): tuple(ga)}, 1).generate([[7, 7]], None, 0)
+    with pytest.raises(RuntimeError, match="once per turn"):  # turn 1's recorded prompt at call 0
+        ReplayPolicy(inner, {tuple(a): tuple(ga)}, 2, {tuple(a): [tuple(a), tuple(a + [8])]}).generate(
+            [a + [8]], None, 0)
     with pytest.raises(ValueError, match="fewer than depth"):
         ReplayPolicy(inner, {tuple(a): tuple(ga)}, 3)
 
