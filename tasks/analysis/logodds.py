@@ -140,7 +140,10 @@ def adapter_scorers(model: Any, tokenizer: Any, *, device: str = "cpu", batch_si
     """``(score_policy, score_ref)`` for a peft model (base model + LoRA adapter): the policy
     scores with the adapter active, the reference with it disabled (``model.disable_adapter()``),
     so the base weights are loaded once. Each scorer is ``score(items, temperature) -> list[float]``
-    (:func:`sequence_logprobs`, temperature only).
+    (:func:`sequence_logprobs`, temperature only). Load the model with float32 weights for
+    scoring (``load_policy`` with ``policy.rollout_dtype: float32``, or
+    ``load_model_and_tokenizer(..., "float32")`` + ``PeftModel.from_pretrained``): bf16 logits
+    carry ~0.4% relative error per token, which sums into the sequence log-probs.
 
     Raises:
         TypeError: ``model`` has no ``disable_adapter`` (not a peft model): without an adapter

@@ -192,3 +192,33 @@ def test_multi_turn_branching_replays_and_telescopes(tok, task_record):
         ("E", 0, 0.5, None), ("F", 0, 0.5, -0.5)]
     (s2,) = step_mismatch_summary(short)
     assert (s2["n_complete"], s2["m_step"], s2["m_by_turn"], s2["n_by_turn"]) == (1, -0.5, [-0.5], [1])
+
+
+def test_branching_with_a_sampling_policy_is_reproducible(tiny_model_dir, tok, task_record):
+    """The real transformers sampler under the replay wrapper: continuations are sampled (not
+    forced) at s_0, seeded, and the same inputs + seed give the same rows."""
+    from tasks.config import PolicyConfig
+    from tasks.rollout.policy import HFPolicy
+
+    task, recs = task_record
+    spec = load_harness("direct")
+    spec = spec.model_copy(update={"sampling": spec.sampling.model_copy(update={"max_new_tokens": 8})})
+    rec = next(r for r in recs if r["harness_name"] == "direct")
+    ep, t_ep = _record(tok, spec, task, rec, "x", 0, ["Answer: 987654"])
+    pol = HFPolicy(tiny_model_dir, PolicyConfig(model=str(tiny_model_dir), rollout_dtype="float32"), base_model_id="t")
+    seen = []
+    orig = pol.generate
+
+    def spy(prompts, sampling, seed):
+        gens = orig(prompts, sampling, seed)
+        seen.append([tuple(g.token_ids) for g in gens])
+        return gens
+
+    pol.generate = spy
+    a = branch_states(pol, spec, [ep], t_ep, {task["task_id"]: task}, SandboxConfig(), n=3, k=2, seed=4)
+    b = branch_states(pol, spec, [ep], t_ep, {task["task_id"]: task}, SandboxConfig(), n=3, k=2, seed=4)
+    assert a == b and len(a) == 1 and (a[0]["n"], a[0]["replay_ok"]) == (3, True)
+    assert seen[0] == seen[1] and len(seen[0]) == 3
+    assert any(g != tuple(t_ep[0]["completion_token_ids"]) for g in seen[0])  # sampled, not the recorded reply
+    c = branch_states(pol, spec, [ep], t_ep, {task["task_id"]: task}, SandboxConfig(), n=3, k=2, seed=5)
+    assert seen[2] != seen[0] and len(c) == 1  # another seed, other continuations

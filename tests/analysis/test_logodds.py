@@ -240,3 +240,37 @@ def test_summary_correlations_and_nulls():
     assert (b["n_pairs"], b["pearson_policy_ref"], b["spearman_policy_ref"], b["pearson_shift_reward"]) == (2, None, None, None)
     # C: policy == reference (spearman 1), the shift has zero variance -> null
     assert c["pearson_policy_ref"] == pytest.approx(1.0) and c["pearson_shift_reward"] is None
+
+
+def test_reference_log_odds_equal_the_recorded_behaviour_logprobs(tiny_model_dir):
+    """End to end on real rollouts: the base policy samples a group under ``direct`` (temperature
+    0.7, no top-k/top-p), so the sampler's recorded log-probs are exactly the reference's
+    temperature-only scores; a fresh adapter shifts nothing."""
+    from peft import LoraConfig, get_peft_model
+
+    from tasks.config import PolicyConfig, RunConfig, SandboxConfig
+    from tasks.harnesses.spec import load_harness
+    from tasks.records.freeze import freeze_tables
+    from tasks.rollout.harness import EpisodeJob, run_episodes
+    from tasks.rollout.policy import HFPolicy
+
+    cfg = RunConfig(name="l", suites=[{"name": "basic_arithmetic", "size": 2, "seed": 5}], harnesses=["direct"])
+    tasks, _, records = freeze_tables(cfg)
+    spec = load_harness("direct")
+    spec = spec.model_copy(update={"sampling": spec.sampling.model_copy(update={"max_new_tokens": 10})})
+    pol = HFPolicy(tiny_model_dir, PolicyConfig(model=str(tiny_model_dir), rollout_dtype="float32", batch_size=8),
+                   base_model_id="tiny")
+    task = {t["task_id"]: t for t in tasks}[records[0]["task_id"]]
+    jobs = [EpisodeJob(f"e{i}", records[0], task, i, i) for i in range(4)]
+    eps, turns = run_episodes(pol, spec, jobs, SandboxConfig(), seed=0)
+    rows_in = [{"episode_id": e["episode_id"], "task_id": task["task_id"], "harness_id": "H", "harness_name": "direct",
+                "group_id": "g", "sample_idx": i, "reward": e["reward"], "status": e["status"]}
+               for i, e in enumerate(eps)]
+    model = get_peft_model(pol.model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    rows = log_odds_pairs(rows_in, turns, {"H": spec}, *adapter_scorers(model, pol.tokenizer, batch_size=3))
+    recorded = {t["episode_id"]: math.fsum(t["completion_logprobs"]) for t in turns}
+    distinct = len({tuple(t["completion_token_ids"]) for t in turns})
+    assert distinct >= 2 and len(rows) == distinct * (distinct - 1) // 2
+    for r in rows:
+        assert r["logodds_ref"] == pytest.approx(recorded[r["a_episode"]] - recorded[r["b_episode"]], abs=2e-3)
+        assert r["logodds_shift"] == 0.0
