@@ -408,19 +408,24 @@ STEP_MISMATCH = _register(
             ("harness_name", pa.string()),
             ("task_id", pa.string()),
             ("turn_idx", pa.int32()),
+            ("num_turns", pa.int32()),
+            ("recorded_success", pa.bool_()),
             ("n", pa.int32()),
-            ("k", pa.int32()),
+            ("n_infra", pa.int32()),
             ("successes", pa.int32()),
             ("v_star", pa.float64()),
             ("v_pi", pa.float64()),
             ("step_mismatch", pa.float64()),
             ("replay_ok", pa.bool_()),
+            ("n_diverged", pa.int32()),
         ),
         [("compound_unique", ("checkpoint", "episode_id", "turn_idx")), ("between", "v_star", 0.0, 1.0),
          ("between", "v_pi", 0.0, 1.0), ("between", "step_mismatch", -1.0, 1.0)],
-        "P1's per-step mismatch: n continuations branched from the state before each turn of a sealed attempt; "
-        "v_star = pass@k of the continuations (V*_K), v_pi their mean success, step_mismatch = V*_K(s_t) - "
-        "V*_K(s_t+1) with V*_K(s_T) the attempt's own success.",
+        "P1's per-step mismatch: continuations branched from the state before each turn of a sealed attempt "
+        "(recorded turns replayed, then sampled); n graded continuations (n_infra infra errors left out), v_star = "
+        "pass@K of them (V*_K, K = analyze.branching.k; null when n < K), v_pi their mean success, step_mismatch = "
+        "V*_K(s_t) - V*_K(s_t+1) with V*_K(s_T) the attempt's recorded success; replay_ok False when a replay "
+        "diverged from the recorded prompts (n_diverged continuations).",
     )
 )
 
@@ -455,13 +460,14 @@ LOG_ODDS = _register(
             ("harness_name", pa.string()),
             ("n_states", pa.int32()),
             ("n_pairs", pa.int32()),
-            ("pearson", pa.float64()),
-            ("spearman", pa.float64()),
-            ("shift_reward_pearson", pa.float64()),
+            ("pearson_policy_ref", pa.float64()),
+            ("spearman_policy_ref", pa.float64()),
+            ("pearson_shift_reward", pa.float64()),
+            ("mean_abs_shift", pa.float64()),
         ),
-        [("compound_unique", ("checkpoint", "harness_name")), ("between", "pearson", -1.0, 1.0)],
+        [("compound_unique", ("checkpoint", "harness_name")), ("between", "pearson_policy_ref", -1.0, 1.0)],
         "Per checkpoint and harness: correlation of the policy's and the reference's log-odds (Pearson, Spearman) and "
-        "of the log-odds shift with the reward difference; null with < 3 pairs or zero variance.",
+        "of the log-odds shift with the reward difference; null with < 3 pairs or zero variance; mean |shift| in nats.",
     )
 )
 

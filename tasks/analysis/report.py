@@ -119,12 +119,14 @@ def render_report(inp: ReportInputs) -> str:
                        "C_soft - pass@1", "M_step", "C - M_step"], rows, "ll" + "r" * 10) + [""]
     out += _figure(inp, "ceiling_vs_return", "ceiling vs deployed return")
     if inp.step_mismatch:
-        rows = [[r["checkpoint"], r["harness_name"], str(r["n_episodes"]), str(r["n_states"]), _f(r["v_star_s0"]),
-                 _f(r["success"]), _f(r["mismatch_step"]), str(r["replay_divergences"])] for r in inp.step_mismatch]
+        rows = [[r["checkpoint"], r["harness_name"], str(r["n_episodes"]), str(r["n_states"]),
+                 _f(r["mean_v_star_s0"]), _f(r["mean_success"]), _f(r["m_step"]), str(r["n_complete"]),
+                 " ".join(_f(m, ".2f") for m in r["m_by_turn"]), str(r["replay_divergences"])]
+                for r in inp.step_mismatch]
         out += ["Per-step mismatch: K continuations branched from every visited state; m_t = V*_K(s_t) - V*_K(s_t+1), "
                 "summed over the episode (telescopes to V*_K(s_0) - success).", ""]
         out += _table(["checkpoint", "harness", "episodes", "states", "V*_K(s_0)", "success", "M_step",
-                       "replay divergences"], rows, "ll" + "r" * 6) + [""]
+                       "complete episodes", "mean m_t by turn", "replay divergences"], rows, "ll" + "r" * 8) + [""]
     if inp.predictors:
         rows = [[r["target"], r["predictor"], _f(r["r2"]), f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]",
                  str(r["n_points"]), _f(r["slope"]), "yes" if r["degenerate"] else ""] for r in inp.predictors]
@@ -136,13 +138,14 @@ def render_report(inp: ReportInputs) -> str:
                       "llrrrrl") + [""]
     out += _figure(inp, "r2_comparison", "R^2 comparison")
     if inp.log_odds:
-        rows = [[r["checkpoint"], r["harness_name"], str(r["n_states"]), str(r["n_pairs"]), _f(r["pearson"]),
-                 _f(r["spearman"]), _f(r["shift_reward_pearson"])] for r in inp.log_odds]
+        rows = [[r["checkpoint"], r["harness_name"], str(r["n_states"]), str(r["n_pairs"]), _f(r["pearson_policy_ref"]),
+                 _f(r["spearman_policy_ref"]), _f(r["pearson_shift_reward"]), _f(r["mean_abs_shift"], ".4f")]
+                for r in inp.log_odds]
         out += ["Log-odds check: at first-turn states, the log-odds between the group's sampled actions under the "
                 "trained policy against the reference (the harness's preferences); and the shift (policy - reference) "
                 "against the reward difference (P1: shift = (Q(a) - Q(b)) / beta).", ""]
         out += _table(["checkpoint", "harness", "states", "pairs", "r (policy, ref)", "rho (policy, ref)",
-                       "r (shift, reward diff)"], rows, "ll" + "r" * 5) + [""]
+                       "r (shift, reward diff)", "mean abs shift (nats)"], rows, "ll" + "r" * 6) + [""]
 
     out += ["## P4: Within vs Cross grouping", ""]
     if inp.leakage:

@@ -67,6 +67,20 @@ def _trained(checkpoints: list[dict[str, Any]], reference: str) -> list[dict[str
     return [c for c in checkpoints if c["name"] != reference and c["path"]]
 
 
+def _scorers(cfg: RunConfig, adapter: Path, batch_size: int) -> tuple[Any, Any]:
+    """The log-odds scorers of a checkpoint: the base model in float32 (bf16 logits would add
+    ~0.4% error per token to the sums) with the adapter on (policy) and off (reference)."""
+    from peft import PeftModel
+
+    from tasks.analysis.logodds import adapter_scorers
+    from tasks.rollout.models import load_model_and_tokenizer, resolve_model
+
+    model, tok = load_model_and_tokenizer(resolve_model(cfg.policy.model, cfg.policy.cache_dir), cfg.policy.device,
+                                          "float32")
+    model = PeftModel.from_pretrained(model, adapter).eval()
+    return adapter_scorers(model, tok, device=cfg.policy.device, batch_size=batch_size)
+
+
 def log_odds_tables(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], specs: dict[str, Any],
                     tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(log_odds, log_odds_pairs)`` rows for every trained checkpoint (its adapter against the
@@ -75,13 +89,13 @@ def log_odds_tables(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
     cks = _trained(store.rows(inputs["checkpoints"]), cfg.analyze.reference)
     if not cks or lo.max_states_per_harness == 0:
         return [], []
-    from tasks.analysis.logodds import log_odds_pairs, log_odds_summary, peft_scorers
+    from tasks.analysis.logodds import log_odds_pairs, log_odds_summary
 
     episodes, turns = store.rows(inputs["episodes"]), store.rows(inputs["turns"])
     summary, pairs = [], []
     for ck in cks:
         adapter = store.get_dir(ck["path"], tmp / "logodds" / ck["name"])
-        score_policy, score_ref = peft_scorers(cfg, adapter, batch_size=lo.batch_size)
+        score_policy, score_ref = _scorers(cfg, adapter, lo.batch_size)
         rows = log_odds_pairs(episodes, turns, specs, score_policy, score_ref,
                               max_states_per_harness=lo.max_states_per_harness, seed=cfg.analyze.seed)
         for r in rows:
@@ -129,13 +143,15 @@ def branching_rows(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artif
         policy = load_policy(cfg, adapter)
         try:
             for hid in sorted({e["harness_id"] for e in chosen}):
-                eps = [{"episode_id": e["eval_id"], "task_id": e["task_id"], "harness_id": hid,
-                        "harness_name": e["harness_name"], "success": e["resolved"], "reward": e["reward"]}
+                eps = [{"episode_id": e["eval_id"], "record_id": e["record_id"], "task_id": e["task_id"],
+                        "harness_id": hid, "harness_name": e["harness_name"], "num_turns": e["num_turns"],
+                        "success": e["resolved"], "reward": e["reward"], "status": "ok", "seed": e["seed"],
+                        "sample_idx": e["attempt"]}
                        for e in chosen if e["harness_id"] == hid]
                 rows = branch_states(policy, specs[hid], eps, [t for e in eps for t in by_ep[e["episode_id"]]],
                                      tasks, cfg.sandbox, n=br.n, k=br.k, seed=seed_from(cfg.analyze.seed, name, hid),
                                      max_depth=br.max_depth)
-                out += [{"checkpoint": name, **r} for r in rows]
+                out += [{"checkpoint": name, "k": br.k, **r} for r in rows]
         finally:
             close = getattr(policy, "close", None)
             if close is not None:
@@ -197,7 +213,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
 
         step_summary = [{"checkpoint": ck, **s} for ck in dict.fromkeys(r["checkpoint"] for r in steps)
                         for s in step_mismatch_summary([r for r in steps if r["checkpoint"] == ck])]
-    m_step = {(s["checkpoint"], s["harness_name"]): s["mismatch_step"] for s in step_summary}
+    m_step = {(s["checkpoint"], s["harness_name"]): s["m_step"] for s in step_summary if s["m_step"] is not None}
     mismatch = mismatch_cells(evals, k=a.ceiling_k, beta=beta, reference=a.reference)
     for r in mismatch:
         ms = m_step.get((r["checkpoint"], r["harness_name"]))
