@@ -411,6 +411,7 @@ STEP_MISMATCH = _register(
             ("num_turns", pa.int32()),
             ("recorded_success", pa.bool_()),
             ("n", pa.int32()),
+            ("k", pa.int32()),
             ("n_infra", pa.int32()),
             ("successes", pa.int32()),
             ("v_star", pa.float64()),

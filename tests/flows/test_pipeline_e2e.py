@@ -28,7 +28,8 @@ def _cfg(model_dir, **over):
         "rollout": {"samples_per_task": 3},
         "train": {"steps": 2, "micro_batch_size": 4, "lr": 0.01},
         "evaluate": {"attempts": 2},
-        "analyze": {"ceiling_k": 2},
+        "analyze": {"ceiling_k": 2, "branching": {"episodes_per_harness": 1, "n": 2, "k": 2},
+                    "log_odds": {"max_states_per_harness": 3}},
     }
     d.update(over)
     return RunConfig.model_validate(d)
@@ -74,6 +75,31 @@ def test_artifacts_have_the_right_contents(run):
         assert m["pass_at_1"] == pytest.approx(sum(e["resolved"] for e in cell) / len(cell))
         assert m["ceiling"] >= m["pass_at_1"] and m["mismatch"] == pytest.approx(m["ceiling"] - m["pass_at_1"])
     assert "pass@1" in (rd / "analyze/report.md").read_text()
+    # P1 per-step mismatch: one sealed base attempt per harness, every visited state branched twice
+    steps = store.rows(("analyze", "step_mismatch"))
+    by_ep = {}
+    for s in steps:
+        by_ep.setdefault(s["episode_id"], []).append(s)
+    assert len(by_ep) == 2 and {s["checkpoint"] for s in steps} == {"base"}
+    for rows in by_ep.values():
+        rows.sort(key=lambda r: r["turn_idx"])
+        assert [r["turn_idx"] for r in rows] == list(range(rows[0]["num_turns"]))
+        if all(r["step_mismatch"] is not None for r in rows):  # telescoping: sum m_t = V*(s_0) - success
+            assert sum(r["step_mismatch"] for r in rows) == pytest.approx(rows[0]["v_star"] - rows[0]["recorded_success"])
+    base = {m["harness_name"]: m for m in mism if m["checkpoint"] == "base"}
+    for m in base.values():
+        if m["mismatch_step"] is not None:
+            assert m["predicted_return"] == pytest.approx(m["ceiling"] - m["mismatch_step"])
+    # P1 log-odds check of the trained adapter against the base model, at first-turn states
+    lo = store.rows(("analyze", "log_odds"))
+    assert {r["checkpoint"] for r in lo} == {"final"} and all(1 <= r["n_states"] <= 3 for r in lo)
+    pairs = store.rows(("analyze", "log_odds_pairs"))
+    assert sum(r["n_pairs"] for r in lo) == len(pairs) > 0
+    for p in pairs:
+        assert p["logodds_shift"] == pytest.approx(p["logodds_policy"] - p["logodds_ref"])
+    # P4 tables: two training harnesses, so the leakage classifier runs under both rules
+    lk = {r["rule"]: r for r in store.rows(("analyze", "leakage"))}
+    assert set(lk) == {"within", "cross"} and lk["within"]["n_groups"] == 2 * lk["cross"]["n_groups"]
 
 
 def test_verify_passes_then_fails_after_tampering(run):
