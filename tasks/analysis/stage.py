@@ -24,12 +24,13 @@ def render_report(cfg: RunConfig, mismatch: list[dict[str, Any]], steps: list[di
         es = [e for e in episodes if e["harness_name"] == h]
         lines.append(f"| {h} | {len(es)} | {sum(e['reward'] for e in es) / len(es):.3f} | "
                      f"{sum(e['success'] for e in es) / len(es):.3f} | {sum(e['num_turns'] for e in es) / len(es):.2f} |")
-    lines += ["", "## Training steps", "", "| step | loss | policy loss | KL | entropy | clip frac | grad norm | tokens/s |",
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    tps = {t["step"]: t["tokens_per_s"] for t in timing}
+    lines += ["", "## Training steps", "",
+              "| arm | step | loss | policy loss | KL | entropy | clip frac | grad norm | tokens/s |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    tps = {(t["arm"], t["step"]): t["tokens_per_s"] for t in timing}
     for s in steps:
-        lines.append(f"| {s['step']} | {s['loss']:.4f} | {s['policy_loss']:.4f} | {s['kl']:.5f} | {s['entropy']:.3f} | "
-                     f"{s['clip_frac']:.3f} | {s['grad_norm']:.3f} | {tps.get(s['step'], float('nan')):.0f} |")
+        lines.append(f"| {s['arm']} | {s['step']} | {s['loss']:.4f} | {s['policy_loss']:.4f} | {s['kl']:.5f} | {s['entropy']:.3f} | "
+                     f"{s['clip_frac']:.3f} | {s['grad_norm']:.3f} | {tps.get((s['arm'], s['step']), float('nan')):.0f} |")
     k = mismatch[0]["ceiling_k"] if mismatch else cfg.analyze.ceiling_k
     lines += ["", f"## Sealed evaluation: pass@1, harness ceiling (pass@{k}) and mismatch", "",
               f"plan `{plan_hash[:16]}`, chain head `{seal_head[:16]}` (`harnessrl verify` recomputes both)", "",
