@@ -220,3 +220,31 @@ def test_a_crash_in_the_second_arm_does_not_retrain_the_first(two_arms, tiny_mod
     assert prepares == ["cross"] and steps == ["cross"]
     assert store.rows(out["checkpoints"]) == full_store.rows(full["checkpoints"])
     assert store.rows(out["train_steps"]) == full_store.rows(full["train_steps"])
+
+
+def test_online_arms_put_the_arm_in_the_policy_id(monkeypatch):
+    # episode ids are content hashes that include the policy id: with the arm in it, two online
+    # arms sampling the same records at the same version never share an episode id
+    import tasks.rollout.policy as policy_mod
+    import tasks.rollout.stage as rollout_stage
+    from tasks.train.stage import _online_sampler
+
+    pids, tags = [], []
+    monkeypatch.setattr(policy_mod.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: pids.append(policy_id)))
+    monkeypatch.setattr(rollout_stage, "run_records", lambda pol, c, specs, tasks, recs, n, seed, tag: (tags.append(tag), ([], []))[1])
+
+    class Store:
+        def rows(self, ref):
+            return []
+
+    class FakeTrainer:
+        tokenizer = None
+
+        def inference_model(self, dtype):
+            return None
+
+    cfg = _cfg()
+    for arm in ("cross", None):
+        sample = _online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", arm)
+        assert sample(FakeTrainer(), 3, 1) == ([], {"episodes": [], "turns": []})
+    assert pids == ["tiny+cross+online-v3", "tiny+online-v3"] and tags == ["online:1", "online:1"]
