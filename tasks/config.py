@@ -514,8 +514,10 @@ class RunConfig(_Strict):
         return [h for h in self.evaluate.harnesses or [] if h not in self.harnesses]
 
     def config_hash(self) -> str:
-        """SHA-256 of the canonical JSON of the whole config."""
-        return sha256_json(self.model_dump(mode="json"))
+        """SHA-256 of the canonical JSON of the whole config (an absent optional section, ``arms`` =
+        None, left out, so configs without it keep their hash)."""
+        dump = self.model_dump(mode="json")
+        return sha256_json({k: v for k, v in dump.items() if not (k in OPTIONAL_SECTIONS and v is None)})
 
     def section_hash(self, *sections: str) -> str:
         """SHA-256 of the named top-level sections (plus ``seed``): a stage's config cache key.

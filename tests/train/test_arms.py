@@ -30,6 +30,10 @@ def test_without_arms_there_is_one_final_arm_and_hashes_do_not_change():
     # an absent optional section is left out of the hash, so adding "arms" to the train stage's
     # sections keeps the cache keys of configs without arms
     assert c.section_hash("policy", "train", "arms") == c.section_hash("policy", "train")
+    from tasks.hashing import sha256_json
+
+    dump = c.model_dump(mode="json")
+    assert dump.pop("arms") is None and c.config_hash() == sha256_json(dump)
     with_arms = _cfg(train={"steps": 3}, arms=[{"name": "a"}])
     assert with_arms.section_hash("policy", "train", "arms") != with_arms.section_hash("policy", "train")
 
