@@ -49,8 +49,8 @@ def chain(cfg: RunConfig, run_dir: str, from_stage: str | None = None, until: st
         out["evaluate"] = evaluate_flow(run_dir, cfg, out["freeze"]["outputs"], out["rollout"]["outputs"],
                                         out["train"]["outputs"], force=force["evaluate"])
     if last >= 4:
-        out["analyze"] = analyze_flow(run_dir, cfg, out["rollout"]["outputs"], out["train"]["outputs"],
-                                      out["evaluate"]["outputs"], force=force["analyze"])
+        out["analyze"] = analyze_flow(run_dir, cfg, out["freeze"]["outputs"], out["rollout"]["outputs"],
+                                      out["train"]["outputs"], out["evaluate"]["outputs"], force=force["analyze"])
         publish_report(run_dir)
     log = get_run_logger()
     for stage, r in out.items():

@@ -64,21 +64,68 @@ def evaluate_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], 
 
 
 @flow(name="analyze")
-def analyze_flow(run_dir: str, cfg: RunConfig, rollouts: dict[str, ArtifactRef], trained: dict[str, ArtifactRef],
-                 evaluated: dict[str, ArtifactRef], force: bool = False) -> dict[str, Any]:
-    """Harness ceiling minus mismatch per checkpoint and harness; a table and a report."""
-    inputs = {"episodes": rollouts["episodes"], "train_steps": trained["train_steps"], **evaluated}
+def analyze_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], rollouts: dict[str, ArtifactRef],
+                 trained: dict[str, ArtifactRef], evaluated: dict[str, ArtifactRef], force: bool = False
+                 ) -> dict[str, Any]:
+    """P1 (harness ceiling minus mismatch, R^2 of the predictors, log-odds check, per-step mismatch)
+    and P4 (zero-advantage groups, harness-identity leakage, action JSD); tables, figures, report."""
+    inputs = {"tasks": frozen["tasks"], "harnesses": frozen["harnesses"], "episodes": rollouts["episodes"],
+              "turns": rollouts["turns"], "train_steps": trained["train_steps"],
+              "checkpoints": trained["checkpoints"], **evaluated}
     return _timed("analyze", analyze_task, run_dir, cfg, inputs, force)
 
 
-def publish_report(run_dir: str) -> None:
-    """The run's ``analyze/report.md`` as a Prefect markdown artifact (key ``harnessrl-report``) of
-    the calling flow run (the pipeline), so the UI shows it there. Call inside a flow run."""
-    from prefect.artifacts import create_markdown_artifact
+# Tables shown in the Prefect UI (artifact key suffix -> (stage, artifact name, description)).
+UI_TABLES = {
+    "eval-cells": ("evaluate", "eval_cells", "sealed pass@1 per checkpoint x evaluation harness"),
+    "contrasts": ("evaluate", "eval_contrasts", "pre-registered contrasts with bootstrap intervals"),
+    "mismatch": ("analyze", "mismatch", "P1: ceilings and mismatch per checkpoint x harness"),
+    "predictors": ("analyze", "predictors", "P1: R^2 of C, M and C - M with bootstrap intervals"),
+    "log-odds": ("analyze", "log_odds", "P1: log-odds check per checkpoint x harness"),
+    "leakage": ("analyze", "leakage", "P4: zero-advantage groups and harness-identity leakage"),
+    "action-jsd": ("analyze", "action_jsd", "P4: action-distribution JSD (bits)"),
+}
+# Inline images larger than this are published as links only (bytes of PNG).
+MAX_INLINE_PNG = 512 * 1024
+
+
+def publish_report(run_dir: str) -> list[str]:
+    """Publish the run's report to the calling flow run (the pipeline) so the Prefect UI shows it:
+    ``analyze/report.md`` as a markdown artifact (key ``harnessrl-report``), the analysis tables as
+    table artifacts (``harnessrl-<table>``), each figure as an image artifact (inline PNG data URL,
+    key ``harnessrl-plot-<name>``) and a link artifact to its file in the run folder. Returns the
+    keys published. Call inside a flow run."""
+    import base64
+
+    from prefect.artifacts import (create_image_artifact, create_link_artifact, create_markdown_artifact,
+                                   create_table_artifact)
 
     from schemas import ArtifactStore
 
     store = ArtifactStore(run_dir)
+    keys = []
     if store.exists("analyze/report.md"):
         create_markdown_artifact(key="harnessrl-report", markdown=store.read_bytes("analyze/report.md").decode(),
                                  description=f"harnessrl report of {run_dir}")
+        keys.append("harnessrl-report")
+    for suffix, (stage, name, desc) in UI_TABLES.items():
+        if store.exists(f"{stage}/{name}.parquet"):
+            rows = store.rows((stage, name))
+            if rows:
+                create_table_artifact(table=rows, key=f"harnessrl-{suffix}", description=desc)
+                keys.append(f"harnessrl-{suffix}")
+    plots = [p.rsplit("/", 1)[-1] for p in store.list_files("analyze/plots") if p.endswith(".png")]
+    for fname in plots:
+        rel = f"analyze/plots/{fname}"
+        slug = fname[:-4].replace("_", "-")
+        url = store.url_of(rel)
+        create_link_artifact(key=f"harnessrl-plot-{slug}-file", link=url, link_text=fname,
+                             description=f"figure {fname} of {run_dir}")
+        keys.append(f"harnessrl-plot-{slug}-file")
+        png = store.read_bytes(rel)
+        if len(png) <= MAX_INLINE_PNG:
+            create_image_artifact(key=f"harnessrl-plot-{slug}",
+                                  image_url="data:image/png;base64," + base64.b64encode(png).decode(),
+                                  description=f"figure {fname}")
+            keys.append(f"harnessrl-plot-{slug}")
+    return keys

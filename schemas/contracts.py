@@ -335,7 +335,7 @@ EVAL_CONTRASTS = _register(
 MISMATCH = _register(
     Contract(
         "mismatch",
-        1,
+        2,
         _s(
             ("checkpoint", pa.string()),
             ("harness_name", pa.string()),
@@ -345,16 +345,176 @@ MISMATCH = _register(
             ("infra_errors", pa.int64()),
             ("pass_at_1", pa.float64()),
             ("ceiling_k", pa.int32()),
+            ("ceiling_tasks", pa.int32()),
             ("ceiling", pa.float64()),
+            ("ref_pass_at_1", pa.float64()),
+            ("kl_beta", pa.float64()),
+            ("ceiling_kl_soft", pa.float64()),
             ("mismatch", pa.float64()),
+            ("mismatch_kl_soft", pa.float64()),
+            ("mismatch_step", pa.float64()),
+            ("predicted_return", pa.float64()),
         ),
         [
             ("between", "pass_at_1", 0.0, 1.0),
             ("between", "ceiling", 0.0, 1.0),
-            ("between", "mismatch", 0.0, 1.0),
+            ("between", "ceiling_kl_soft", 0.0, 1.0),
+            ("between", "mismatch", -1.0, 1.0),
+            ("between", "mismatch_kl_soft", -1.0, 1.0),
             ("compound_unique", ("checkpoint", "harness_name")),
         ],
-        "P1: harness ceiling (pass@K) minus mismatch (ceiling - pass@1) per checkpoint and harness.",
+        "P1 per checkpoint and evaluation harness: ceiling C = pass@K (unbiased), the KL-soft ceiling from the "
+        "reference checkpoint's pass@1 (ref_pass_at_1) at kl_beta, mismatch = C - pass@1, mismatch_kl_soft = "
+        "C_soft - pass@1 (negative when the policy beats the soft ceiling), mismatch_step = the per-step estimate "
+        "by branching (null where not computed) and predicted_return = C - mismatch_step.",
+    )
+)
+
+PREDICTORS = _register(
+    Contract(
+        "predictors",
+        1,
+        _s(
+            ("target", pa.string()),
+            ("predictor", pa.string()),
+            ("r2", pa.float64()),
+            ("ci_low", pa.float64()),
+            ("ci_high", pa.float64()),
+            ("n_points", pa.int32()),
+            ("slope", pa.float64()),
+            ("intercept", pa.float64()),
+            ("degenerate", pa.bool_()),
+            ("predictor_bootstrapped", pa.bool_()),
+            ("resamples", pa.int64()),
+            ("resamples_valid", pa.int64()),
+            ("seed", pa.int64()),
+            ("level", pa.float64()),
+        ),
+        [("compound_unique", ("target", "predictor")), ("between", "r2", 0.0, 1.0)],
+        "P1's claim test: R^2 of a one-predictor OLS fit (C, C_kl_soft, M, C - M of the reference checkpoint under a "
+        "harness) of the RL gain and of the trained return over (trained checkpoint, harness) points, with "
+        "task-clustered bootstrap percentile intervals at level; degenerate = a side had zero variance (R^2 set to 0); "
+        "predictor_bootstrapped = False for a fixed predictor (M_step), whose interval resamples the target only; "
+        "ceiling_tasks in mismatch = tasks with >= K graded attempts.",
+    )
+)
+
+STEP_MISMATCH = _register(
+    Contract(
+        "step_mismatch",
+        1,
+        _s(
+            ("checkpoint", pa.string()),
+            ("episode_id", pa.string()),
+            ("harness_name", pa.string()),
+            ("task_id", pa.string()),
+            ("turn_idx", pa.int32()),
+            ("n", pa.int32()),
+            ("k", pa.int32()),
+            ("successes", pa.int32()),
+            ("v_star", pa.float64()),
+            ("v_pi", pa.float64()),
+            ("step_mismatch", pa.float64()),
+            ("replay_ok", pa.bool_()),
+        ),
+        [("compound_unique", ("checkpoint", "episode_id", "turn_idx")), ("between", "v_star", 0.0, 1.0),
+         ("between", "v_pi", 0.0, 1.0), ("between", "step_mismatch", -1.0, 1.0)],
+        "P1's per-step mismatch: n continuations branched from the state before each turn of a sealed attempt; "
+        "v_star = pass@k of the continuations (V*_K), v_pi their mean success, step_mismatch = V*_K(s_t) - "
+        "V*_K(s_t+1) with V*_K(s_T) the attempt's own success.",
+    )
+)
+
+LOG_ODDS_PAIRS = _register(
+    Contract(
+        "log_odds_pairs",
+        1,
+        _s(
+            ("checkpoint", pa.string()),
+            ("harness_name", pa.string()),
+            ("task_id", pa.string()),
+            ("state_id", pa.string()),
+            ("a_episode", pa.string()),
+            ("b_episode", pa.string()),
+            ("logodds_policy", pa.float64()),
+            ("logodds_ref", pa.float64()),
+            ("logodds_shift", pa.float64()),
+            ("reward_diff", pa.float64()),
+        ),
+        [("not_null", "logodds_policy"), ("not_null", "logodds_ref")],
+        "P1's log-odds check: for a pair (a, b) of the actions sampled at a first-turn state, log pi(a|s) - log pi(b|s) "
+        "under the trained checkpoint and under the reference (nats), their difference, and r_a - r_b.",
+    )
+)
+
+LOG_ODDS = _register(
+    Contract(
+        "log_odds",
+        1,
+        _s(
+            ("checkpoint", pa.string()),
+            ("harness_name", pa.string()),
+            ("n_states", pa.int32()),
+            ("n_pairs", pa.int32()),
+            ("pearson", pa.float64()),
+            ("spearman", pa.float64()),
+            ("shift_reward_pearson", pa.float64()),
+        ),
+        [("compound_unique", ("checkpoint", "harness_name")), ("between", "pearson", -1.0, 1.0)],
+        "Per checkpoint and harness: correlation of the policy's and the reference's log-odds (Pearson, Spearman) and "
+        "of the log-odds shift with the reward difference; null with < 3 pairs or zero variance.",
+    )
+)
+
+LEAKAGE = _register(
+    Contract(
+        "leakage",
+        1,
+        _s(
+            ("rule", pa.string()),
+            ("n_groups", pa.int64()),
+            ("zero_groups", pa.int64()),
+            ("zero_group_fraction", pa.float64()),
+            ("zero_sample_fraction", pa.float64()),
+            ("n_samples", pa.int64()),
+            ("n_classes", pa.int32()),
+            ("chance", pa.float64()),
+            ("accuracy", pa.float64()),
+            ("null_mean", pa.float64()),
+            ("null_sd", pa.float64()),
+            ("leakage_pp", pa.float64()),
+            ("ci_low", pa.float64()),
+            ("ci_high", pa.float64()),
+            ("p_value", pa.float64()),
+            ("folds", pa.int32()),
+            ("permutations", pa.int32()),
+            ("note", pa.string()),
+        ),
+        [("unique", "rule"), ("between", "zero_group_fraction", 0.0, 1.0), ("between", "accuracy", 0.0, 1.0)],
+        "P4 per grouping rule over the training rollouts: groups whose advantages are all zero, and harness-identity "
+        "leakage = cross-validated accuracy of a logistic regression predicting the harness from the advantage minus "
+        "the shuffled-label null mean, in percentage points, interval from the null's quantiles; note says why a "
+        "figure is null.",
+    )
+)
+
+ACTION_JSD = _register(
+    Contract(
+        "action_jsd",
+        1,
+        _s(
+            ("scope", pa.string()),
+            ("checkpoint_a", pa.string()),
+            ("harness_a", pa.string()),
+            ("checkpoint_b", pa.string()),
+            ("harness_b", pa.string()),
+            ("jsd_bits", pa.float64()),
+            ("n_a", pa.int64()),
+            ("n_b", pa.int64()),
+        ),
+        [("in_set", "scope", ["between_harnesses", "between_checkpoints"]), ("between", "jsd_bits", 0.0, 1.0)],
+        "P4: Jensen-Shannon divergence (bits) of action-kind distributions of the sealed attempts' turns, between "
+        "harnesses within a checkpoint and between checkpoints within a harness; n_a, n_b = turns.",
     )
 )
 

@@ -165,6 +165,23 @@ class ArtifactStore:
     def exists(self, rel: str) -> bool:
         return bool(self.fs.exists(self._abs(rel)))
 
+    def url_of(self, rel: str) -> str:
+        """An address of ``rel`` a person can open: a ``file://`` URI for a local store, else the
+        store's URL joined with ``rel`` (``s3://bucket/run/analyze/plots/x.png``)."""
+        if self.is_local:
+            return Path(self._abs(rel)).resolve().as_uri()
+        return f"{self.url.rstrip('/')}/{rel}"
+
+    def list_files(self, folder: str) -> list[str]:
+        """Files directly under ``folder`` (relative to the root), as relative paths, sorted;
+        temp files of interrupted writes left out; [] when the folder does not exist."""
+        base = self._abs(folder).rstrip("/")
+        if not self.fs.exists(base):
+            return []
+        names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False)]
+        return sorted(f"{folder.rstrip('/')}/{n}" for n in names if not n.startswith(".tmp-")
+                      and self.fs.isfile(f"{base}/{n}"))
+
     # ---- raw atomic bytes ----------------------------------------------------------------
     def write_bytes(self, rel: str, data: bytes) -> str:
         """Atomically write ``data`` to ``rel`` (temp file in the same folder, then rename).

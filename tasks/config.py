@@ -382,10 +382,61 @@ class EvaluateConfig(_Strict):
         return v
 
 
+class LeakageConfig(_Strict):
+    """P4's harness-identity leakage test: a logistic regression predicting the harness from a
+    sample's advantage, ``folds``-fold stratified cross-validation, against ``permutations``
+    shuffled-label refits (the null)."""
+
+    folds: int = Field(default=5, ge=2, le=50)
+    permutations: int = Field(default=200, ge=10, le=100_000)
+
+
+class LogOddsConfig(_Strict):
+    """P1's log-odds check at first-turn states of the training rollouts: at most
+    ``max_states_per_harness`` states (sampling groups) per harness, chosen with the analyze seed;
+    0 turns it off."""
+
+    max_states_per_harness: int = Field(default=16, ge=0)
+    batch_size: int = Field(default=8, ge=1)
+
+
+class BranchingConfig(_Strict):
+    """P1's per-step mismatch: from every visited state of ``episodes_per_harness`` sealed attempts
+    per (checkpoint, harness) of each checkpoint in ``checkpoints``, ``n`` continuations are
+    branched and V*_K estimated with pass@``k`` (k <= n). 0 episodes turns it off."""
+
+    episodes_per_harness: int = Field(default=0, ge=0)
+    n: int = Field(default=4, ge=1)
+    k: int = Field(default=4, ge=1)
+    checkpoints: list[str] = Field(default_factory=lambda: ["base"], min_length=1)
+    max_depth: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _k_le_n(self) -> "BranchingConfig":
+        if self.k > self.n:
+            raise ValueError(f"analyze.branching.k={self.k} exceeds analyze.branching.n={self.n}: pass@k needs n >= k "
+                             "continuations")
+        return self
+
+
 class AnalyzeConfig(_Strict):
-    """Analysis options: ``ceiling_k`` is the K of the pass@K harness ceiling (<= attempts)."""
+    """Analysis options (METHODS.md P1 and P4).
+
+    ``ceiling_k``: the K of the pass@K harness ceiling (<= ``evaluate.attempts``). ``kl_beta``: the
+    beta of the KL-soft ceiling (None: ``train.kl.beta`` when > 0, else no soft ceiling).
+    ``reference``: the checkpoint whose pass rate under a harness is the harness's own (the
+    predictors and the soft ceiling are taken from it). ``bootstrap_resamples`` and ``seed``: the
+    task-clustered bootstrap of the R^2 intervals, and every other random choice of the stage.
+    """
 
     ceiling_k: int = Field(default=4, ge=1)
+    kl_beta: float | None = Field(default=None, gt=0)
+    reference: str = Field(default="base", min_length=1)
+    bootstrap_resamples: int = Field(default=2000, ge=100, le=1_000_000)
+    seed: int = 0
+    leakage: LeakageConfig = Field(default_factory=LeakageConfig)
+    log_odds: LogOddsConfig = Field(default_factory=LogOddsConfig)
+    branching: BranchingConfig = Field(default_factory=BranchingConfig)
 
 
 class RunConfig(_Strict):

@@ -1,62 +1,254 @@
-"""The analyze stage: evaluations -> the ``mismatch`` table and a Markdown report."""
+"""The analyze stage: the sealed evaluation and the training rollouts -> P1 and P4 tables, figures
+and the run report.
+
+Tables (each a contracted Parquet artifact): ``mismatch`` (ceilings and mismatch per checkpoint
+and harness), ``predictors`` (R^2 of C, M, C - M), ``step_mismatch`` (branching; only when
+``analyze.branching.episodes_per_harness`` > 0), ``log_odds`` + ``log_odds_pairs`` (only with a
+trained checkpoint and ``analyze.log_odds.max_states_per_harness`` > 0), ``leakage`` (Within vs
+Cross), ``action_jsd``. Figures: ``analyze/plots/*.png``; report: ``analyze/report.md``.
+An analysis that cannot be computed for this run (one training harness: no leakage classifier)
+leaves a null figure with a note saying why, never a made-up number.
+"""
 
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from schemas import ArtifactRef, ArtifactStore
-from tasks.analysis.mismatch import mismatch_table
 from tasks.config import RunConfig
 
 log = logging.getLogger("harnessrl.analyze")
 
 REPORT = "analyze/report.md"
+PLOTS = "analyze/plots"
+RULES = ("within", "cross")
 
 
-def render_report(cfg: RunConfig, mismatch: list[dict[str, Any]], steps: list[dict[str, Any]],
-                  timing: list[dict[str, float]], episodes: list[dict[str, Any]], seal_head: str, plan_hash: str) -> str:
-    """The run report as Markdown."""
-    lines = [f"# harnessrl run `{cfg.name}`", "", f"config hash `{cfg.config_hash()[:16]}`, model `{cfg.policy.model}`", ""]
-    lines += ["## Training rollouts (base policy)", "", "| harness | episodes | mean reward | success rate | mean turns |",
-              "| --- | ---: | ---: | ---: | ---: |"]
-    for h in sorted({e["harness_name"] for e in episodes}):
-        es = [e for e in episodes if e["harness_name"] == h]
-        lines.append(f"| {h} | {len(es)} | {sum(e['reward'] for e in es) / len(es):.3f} | "
-                     f"{sum(e['success'] for e in es) / len(es):.3f} | {sum(e['num_turns'] for e in es) / len(es):.2f} |")
-    lines += ["", "## Training steps", "",
-              "| arm | step | loss | policy loss | KL | entropy | clip frac | grad norm | tokens/s |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    tps = {(t["arm"], t["step"]): t["tokens_per_s"] for t in timing}
-    for s in steps:
-        lines.append(f"| {s['arm']} | {s['step']} | {s['loss']:.4f} | {s['policy_loss']:.4f} | {s['kl']:.5f} | {s['entropy']:.3f} | "
-                     f"{s['clip_frac']:.3f} | {s['grad_norm']:.3f} | {tps.get((s['arm'], s['step']), float('nan')):.0f} |")
-    k = mismatch[0]["ceiling_k"] if mismatch else cfg.analyze.ceiling_k
-    lines += ["", f"## Sealed evaluation: pass@1, harness ceiling (pass@{k}) and mismatch", "",
-              f"plan `{plan_hash[:16]}`, chain head `{seal_head[:16]}` (`harnessrl verify` recomputes both)", "",
-              f"| checkpoint | harness | tasks | graded | infra errors | pass@1 | ceiling pass@{k} | mismatch |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in mismatch:
-        lines.append(f"| {r['checkpoint']} | {r['harness_name']} | {r['n_tasks']} | {r['graded']} | {r['infra_errors']} | "
-                     f"{r['pass_at_1']:.3f} | {r['ceiling']:.3f} | {r['mismatch']:.3f} |")
-    lines += ["", "Mismatch = ceiling - pass@1 (METHODS.md, P1, simple estimator). With few test tasks these "
-              "numbers carry wide sampling error; they describe this run, not the model in general.", ""]
-    return "\n".join(lines)
+def kl_beta(cfg: RunConfig) -> float | None:
+    """The beta of the KL-soft ceiling: ``analyze.kl_beta``, else ``train.kl.beta`` when > 0."""
+    if cfg.analyze.kl_beta is not None:
+        return cfg.analyze.kl_beta
+    return cfg.train.kl.beta if cfg.train.kl.beta > 0 else None
+
+
+def leakage_rows(episodes: list[dict[str, Any]], cfg: RunConfig) -> list[dict[str, Any]]:
+    """Rows of the ``leakage`` artifact: per grouping rule, the zero-advantage groups of the
+    training rollouts and the harness-identity leakage (null with a note when not computable)."""
+    from tasks.analysis.leakage import harness_leakage, zero_advantage_fractions
+
+    scale = cfg.train.advantage_scale
+    zero = {z["rule"]: z for z in zero_advantage_fractions(episodes, rules=RULES, scale=scale, seed=cfg.analyze.seed)}
+    out = []
+    for rule in RULES:
+        z = zero[rule]
+        row: dict[str, Any] = {"rule": rule, "n_groups": z["n_groups"], "zero_groups": z["zero_groups"],
+                               "zero_group_fraction": z["fraction"], "zero_sample_fraction": z["sample_fraction"],
+                               "n_samples": z["n_samples"], "folds": cfg.analyze.leakage.folds,
+                               "permutations": cfg.analyze.leakage.permutations, "note": ""}
+        try:
+            lk = harness_leakage(episodes, rule, folds=cfg.analyze.leakage.folds,
+                                 permutations=cfg.analyze.leakage.permutations, seed=cfg.analyze.seed, scale=scale)
+        except ValueError as e:
+            row.update({k: None for k in ("n_classes", "chance", "accuracy", "null_mean", "null_sd", "leakage_pp",
+                                          "ci_low", "ci_high", "p_value")})
+            row["note"] = f"leakage not computable: {e}"
+        else:
+            row.update({k: lk[k] for k in ("n_classes", "chance", "accuracy", "null_mean", "null_sd", "leakage_pp",
+                                           "p_value", "folds")})
+            row.update({"ci_low": lk["ci_low_pp"], "ci_high": lk["ci_high_pp"]})
+        out.append(row)
+    return out
+
+
+def _trained(checkpoints: list[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
+    return [c for c in checkpoints if c["name"] != reference and c["path"]]
+
+
+def log_odds_tables(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], specs: dict[str, Any],
+                    tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(log_odds, log_odds_pairs)`` rows for every trained checkpoint (its adapter against the
+    base model with the adapter disabled), at first-turn states of the training rollouts."""
+    lo = cfg.analyze.log_odds
+    cks = _trained(store.rows(inputs["checkpoints"]), cfg.analyze.reference)
+    if not cks or lo.max_states_per_harness == 0:
+        return [], []
+    from tasks.analysis.logodds import log_odds_pairs, log_odds_summary, peft_scorers
+
+    episodes, turns = store.rows(inputs["episodes"]), store.rows(inputs["turns"])
+    summary, pairs = [], []
+    for ck in cks:
+        adapter = store.get_dir(ck["path"], tmp / "logodds" / ck["name"])
+        score_policy, score_ref = peft_scorers(cfg, adapter, batch_size=lo.batch_size)
+        rows = log_odds_pairs(episodes, turns, specs, score_policy, score_ref,
+                              max_states_per_harness=lo.max_states_per_harness, seed=cfg.analyze.seed)
+        for r in rows:
+            r["checkpoint"] = ck["name"]
+        pairs += rows
+        for s in log_odds_summary(rows):
+            summary.append({"checkpoint": ck["name"], **s})
+    return summary, pairs
+
+
+def branching_rows(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], specs: dict[str, Any],
+                   evals: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
+    """``step_mismatch`` rows: continuations branched from the visited states of
+    ``analyze.branching.episodes_per_harness`` first-attempt sealed episodes per (checkpoint,
+    harness) of the configured checkpoints (chosen with the analyze seed)."""
+    br = cfg.analyze.branching
+    if br.episodes_per_harness == 0:
+        return []
+    from tasks.analysis.branching import branch_states
+    from tasks.hashing import seed_from
+    from tasks.rollout.stage import load_policy
+
+    cks = {c["name"]: c for c in store.rows(inputs["checkpoints"])}
+    missing = [c for c in br.checkpoints if c not in cks]
+    if missing:
+        raise ValueError(f"analyze.branching.checkpoints names {missing}, not checkpoints of this run {sorted(cks)}")
+    tasks = {t["task_id"]: t for t in store.rows(inputs["tasks"])}
+    turns = store.rows(inputs["eval_turns"], contract="turns")
+    by_ep: dict[str, list[dict[str, Any]]] = {}
+    for t in turns:
+        by_ep.setdefault(t["episode_id"], []).append(t)
+    out: list[dict[str, Any]] = []
+    for name in br.checkpoints:
+        ck = cks[name]
+        chosen = []
+        for hid in sorted({e["harness_id"] for e in evals if e["checkpoint"] == name}):
+            cand = sorted((e for e in evals if e["checkpoint"] == name and e["harness_id"] == hid and e["retry"] == 0
+                           and e["attempt"] == 0 and e["status"] in ("resolved", "unresolved")
+                           and e["eval_id"] in by_ep),
+                          key=lambda e: seed_from(cfg.analyze.seed, "branching", e["eval_id"]))
+            chosen += cand[:br.episodes_per_harness]
+        if not chosen:
+            continue
+        adapter = store.get_dir(ck["path"], tmp / "branching" / name) if ck["path"] else None
+        policy = load_policy(cfg, adapter)
+        try:
+            for hid in sorted({e["harness_id"] for e in chosen}):
+                eps = [{"episode_id": e["eval_id"], "task_id": e["task_id"], "harness_id": hid,
+                        "harness_name": e["harness_name"], "success": e["resolved"], "reward": e["reward"]}
+                       for e in chosen if e["harness_id"] == hid]
+                rows = branch_states(policy, specs[hid], eps, [t for e in eps for t in by_ep[e["episode_id"]]],
+                                     tasks, cfg.sandbox, n=br.n, k=br.k, seed=seed_from(cfg.analyze.seed, name, hid),
+                                     max_depth=br.max_depth)
+                out += [{"checkpoint": name, **r} for r in rows]
+        finally:
+            close = getattr(policy, "close", None)
+            if close is not None:
+                close()
+    return out
+
+
+def _figures(store: ArtifactStore, tables: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    from tasks.analysis import plots
+
+    made = {
+        "learning_curves": plots.learning_curves(tables["train_steps"]),
+        "pass_rate_heatmap": plots.pass_rate_heatmap(tables["eval_cells"]),
+        "ceiling_vs_return": plots.ceiling_vs_return(tables["mismatch"]),
+        "r2_comparison": plots.r2_comparison(tables["predictors"]),
+        "leakage": plots.leakage_plot(tables["leakage"]),
+        "action_jsd": plots.action_jsd_plot(tables["action_jsd"]),
+    }
+    out = {}
+    for name, png in made.items():
+        if png is not None:
+            store.write_bytes(f"{PLOTS}/{name}.png", png)
+            out[name] = f"plots/{name}.png"
+    return out
 
 
 def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
-    """Write the ``mismatch`` table and ``analyze/report.md``."""
+    """Write the P1/P4 tables, the figures and ``analyze/report.md``.
+
+    Raises:
+        ValueError: ``analyze.reference`` or a ``analyze.branching.checkpoints`` entry is not a
+            checkpoint of this run.
+    """
+    from tasks.analysis.ceiling import mismatch_cells
+    from tasks.analysis.leakage import action_distributions, jsd_table
+    from tasks.analysis.predictors import r2_table
+    from tasks.analysis.report import ReportInputs, render_report
+    from tasks.rollout.stage import harness_specs
+
+    a = cfg.analyze
     evals = store.rows(inputs["evaluations"])
-    rows = mismatch_table(evals, cfg.analyze.ceiling_k)
-    ref = store.write("analyze", "mismatch", rows, inputs=[inputs["evaluations"]],
-                      config_hash=cfg.section_hash("analyze"))
-    head = evals[-1]["seal_hash"] if evals else ""
-    plan = evals[0]["plan_hash"] if evals else ""
-    timing = store.manifest("train", "train_steps").get("extra", {}).get("timing", [])
-    report = render_report(cfg, rows, store.rows(inputs["train_steps"]), timing, store.rows(inputs["episodes"]),
-                           head, plan)
+    names = {c["name"] for c in store.rows(inputs["checkpoints"])}
+    if a.reference not in names:
+        raise ValueError(f"analyze.reference={a.reference!r} is not a checkpoint of this run {sorted(names)}")
+    beta = kl_beta(cfg)
+    specs = harness_specs(store, inputs["harnesses"])
+    ch = cfg.section_hash("analyze", "policy", "sandbox")
+    ev_in = [inputs["evaluations"]]
+    notes: list[str] = []
+
+    with tempfile.TemporaryDirectory(prefix="harnessrl-analyze-") as tmp_s:
+        tmp = Path(tmp_s)
+        steps = branching_rows(store, cfg, inputs, specs, evals, tmp)
+        lo_summary, lo_pairs = log_odds_tables(store, cfg, inputs, specs, tmp)
+
+    step_summary: list[dict[str, Any]] = []
+    if steps:
+        from tasks.analysis.branching import step_mismatch_summary
+
+        step_summary = [{"checkpoint": ck, **s} for ck in dict.fromkeys(r["checkpoint"] for r in steps)
+                        for s in step_mismatch_summary([r for r in steps if r["checkpoint"] == ck])]
+    m_step = {(s["checkpoint"], s["harness_name"]): s["mismatch_step"] for s in step_summary}
+    mismatch = mismatch_cells(evals, k=a.ceiling_k, beta=beta, reference=a.reference)
+    for r in mismatch:
+        ms = m_step.get((r["checkpoint"], r["harness_name"]))
+        r["mismatch_step"] = ms
+        r["predicted_return"] = None if ms is None or r["ceiling"] is None else r["ceiling"] - ms
+    extra = {"M_step": {k: v for k, v in m_step.items() if k[0] == a.reference}} if m_step else None
+    predictors = r2_table(evals, k=a.ceiling_k, beta=beta, reference=a.reference, resamples=a.bootstrap_resamples,
+                          seed=a.seed, extra_predictors=extra)
+    if not predictors:
+        notes.append("R^2 not computed: it needs at least one trained checkpoint besides the reference.")
+
+    episodes = store.rows(inputs["episodes"])
+    leakage = leakage_rows(episodes, cfg)
+    notes += [f"{r['rule']}: {r['note']}" for r in leakage if r["note"]]
+    labels = {e["eval_id"]: (e["checkpoint"], e["harness_name"]) for e in evals}
+    jsd = jsd_table(action_distributions(store.rows(inputs["eval_turns"], contract="turns"), labels))
+
+    refs = {
+        "mismatch": store.write("analyze", "mismatch", mismatch, inputs=ev_in, config_hash=ch),
+        "predictors": store.write("analyze", "predictors", predictors, inputs=ev_in, config_hash=ch),
+        "leakage": store.write("analyze", "leakage", leakage, inputs=[inputs["episodes"]], config_hash=ch),
+        "action_jsd": store.write("analyze", "action_jsd", jsd, inputs=[*ev_in, inputs["eval_turns"]],
+                                  config_hash=ch),
+    }
+    if steps:
+        refs["step_mismatch"] = store.write("analyze", "step_mismatch", steps, inputs=[*ev_in, inputs["eval_turns"]],
+                                            config_hash=ch)
+    if lo_pairs or lo_summary:
+        lo_in = [inputs["episodes"], inputs["turns"], inputs["checkpoints"]]
+        refs["log_odds"] = store.write("analyze", "log_odds", lo_summary, inputs=lo_in, config_hash=ch)
+        refs["log_odds_pairs"] = store.write("analyze", "log_odds_pairs", lo_pairs, inputs=lo_in, config_hash=ch)
+
+    tables = {"train_steps": store.rows(inputs["train_steps"]), "eval_cells": store.rows(inputs["eval_cells"]),
+              "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd}
+    figures = _figures(store, tables)
+    report = render_report(ReportInputs(
+        run_name=cfg.name, config_hash=cfg.config_hash(), model=cfg.policy.model,
+        plan_hash=evals[0]["plan_hash"] if evals else "", seal_head=evals[-1]["seal_hash"] if evals else "",
+        episodes=episodes, train_steps=tables["train_steps"],
+        timing=store.manifest("train", "train_steps").get("extra", {}).get("timing", []),
+        eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
+        predictors=predictors, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
+        figures=figures, notes=notes))
     store.write_text(REPORT, report)
-    for r in rows:
-        log.info("%s / %s: pass@1 %.3f, ceiling pass@%d %.3f, mismatch %.3f", r["checkpoint"], r["harness_name"],
-                 r["pass_at_1"], r["ceiling_k"], r["ceiling"], r["mismatch"])
-    return {"mismatch": ref}
+    for r in mismatch:
+        log.info("%s / %s: pass@1 %.3f, ceiling pass@%d %s, mismatch %s", r["checkpoint"], r["harness_name"],
+                 r["pass_at_1"], r["ceiling_k"], "n/a" if r["ceiling"] is None else f"{r['ceiling']:.3f}",
+                 "n/a" if r["mismatch"] is None else f"{r['mismatch']:.3f}")
+    for r in predictors:
+        log.info("R^2 %s ~ %s: %.3f [%s, %s]", r["target"], r["predictor"], r["r2"], r["ci_low"], r["ci_high"])
+    for r in leakage:
+        log.info("%s: zero-advantage groups %d/%d, leakage %s pp", r["rule"], r["zero_groups"], r["n_groups"],
+                 "n/a" if r["leakage_pp"] is None else f"{r['leakage_pp']:+.2f}")
+    return refs

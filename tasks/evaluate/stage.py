@@ -146,7 +146,8 @@ def _row(e: dict[str, Any], r: dict[str, Any], ck: dict[str, Any], attempt: int,
 def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], *,
                  episode_runner: Callable[..., tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = None,
                  timings: dict[str, float] | None = None) -> dict[str, ArtifactRef]:
-    """Guard, plan, seal, run; write ``evaluations``, ``eval_cells``, ``eval_contrasts`` and the
+    """Guard, plan, seal, run; write ``evaluations``, ``eval_turns`` (the attempts' turns, ``turns``
+    contract, episode_id = eval_id), ``eval_cells``, ``eval_contrasts`` and the
     exports (:mod:`tasks.evaluate.exports`).
 
     Args:
@@ -186,6 +187,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     plan_recs = [rec_by_id[p["record_id"]] for p in plan["records"]]
     rows: list[dict[str, Any]] = []
     retries: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:
         for ck in plan["checkpoints"]:
             adapter = None
@@ -194,8 +196,9 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                 if sha256_dir(adapter) != ck["adapter_sha256"]:
                     raise ValueError(f"checkpoint {ck['name']}: files changed since training")
             policy = PolicySource.of(cfg, adapter)  # loaded once per process by whichever runner runs it
-            eps, _ = runner(policy, cfg, specs, task_by_id, plan_recs, plan["attempts"],
-                            seed_from(plan["seed"], ck["name"]), f"eval:{ck['name']}")
+            eps, ck_turns = runner(policy, cfg, specs, task_by_id, plan_recs, plan["attempts"],
+                                   seed_from(plan["seed"], ck["name"]), f"eval:{ck['name']}")
+            turns += ck_turns
             ck_rows = [_row(e, e["record"], ck, e["sample_idx"], 0, "") for e in eps]
             rows += ck_rows
             pending = [r for r in ck_rows if r["status"] == "infra_error"]
@@ -206,8 +209,10 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                 for a in sorted({r["attempt"] for r in pending}):
                     orig = {r["record_id"]: r for r in pending if r["attempt"] == a}
                     recs = [rec_by_id[i] for i in sorted(orig)]
-                    eps, _ = runner(policy, cfg, specs, task_by_id, recs, 1, seed_from(plan["seed"], ck["name"], "retry", n, a),
-                                    f"eval:{ck['name']}:retry{n}:attempt{a}")
+                    eps, retry_turns = runner(policy, cfg, specs, task_by_id, recs, 1,
+                                              seed_from(plan["seed"], ck["name"], "retry", n, a),
+                                              f"eval:{ck['name']}:retry{n}:attempt{a}")
+                    turns += retry_turns
                     again += [_row(e, e["record"], ck, a, n, orig[e["record"]["record_id"]]["eval_id"]) for e in eps]
                 log.info("%s: retry %d of %d infra_error attempt(s): %d still infra_error", ck["name"], n, len(pending),
                          sum(r["status"] == "infra_error" for r in again))
@@ -224,6 +229,12 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     ch = cfg.section_hash("policy", "sandbox", "evaluate", "rollout")
     ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()), config_hash=ch,
                       extra={"plan_hash": ph})
+    # every turn of every attempt (episode_id = eval_id), in sealed-row order: what the analyses
+    # read (action distributions, visited states); the sealed rows stay the record of results
+    seq = {r["eval_id"]: r["seq"] for r in sealed}
+    turns.sort(key=lambda t: (seq[t["episode_id"]], t["turn_idx"]))
+    turns_ref = store.write("evaluate", "eval_turns", turns, contract="turns", inputs=[ref], config_hash=ch,
+                            extra={"plan_hash": ph})
     tick("write")
     cells = cell_table(sealed, plan, plan["min_graded_fraction"])
     contrasts = contrast_table(sealed, plan, cells, alpha=plan["alpha"], resamples=plan["bootstrap_resamples"],
@@ -239,7 +250,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                      "n/a" if c["pass_at_1"] is None else f"{c['pass_at_1']:.3f}")
     write_exports(store, cfg.name, plan, ph, sealed, cells, contrasts)
     tick("exports")
-    return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref}
+    return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref, "eval_turns": turns_ref}
 
 
 def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:

@@ -119,7 +119,7 @@ def test_same_config_in_a_new_folder_gives_identical_artifacts(run, tmp_path):
 def test_cli_run_resumes_at_the_failed_stage(tiny_model_dir, prefect_harness, tmp_path, monkeypatch):
     import yaml
 
-    import tasks.analysis.stage as analysis_stage
+    import tasks.analysis.ceiling as analysis_ceiling
 
     cfg = _cfg(tiny_model_dir, name="resume", seed=9)
     cfg_path = tmp_path / "c.yaml"
@@ -130,7 +130,7 @@ def test_cli_run_resumes_at_the_failed_stage(tiny_model_dir, prefect_harness, tm
     def broken(*a, **k):
         raise RuntimeError("analysis exploded")
 
-    monkeypatch.setattr(analysis_stage, "mismatch_table", broken)
+    monkeypatch.setattr(analysis_ceiling, "mismatch_cells", broken)
     first = cli.invoke(app, ["run", "--config", str(cfg_path), "--run-dir", str(rd)])
     assert first.exit_code != 0
     assert (rd / "evaluate/evaluations.parquet").is_file() and not (rd / "analyze/mismatch.parquet").exists()

@@ -1,0 +1,177 @@
+"""The report's figures: matplotlib (Agg) figures rendered to PNG bytes.
+
+Every function takes artifact rows (dicts, as :meth:`schemas.ArtifactStore.rows` returns them)
+and returns the PNG as ``bytes``, or None when the rows hold nothing to draw. PNGs are written
+without a creation time or software stamp, so the same rows give the same bytes on one machine.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections import defaultdict
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+_PNG_META = {"Software": None}
+_DPI = 110
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, metadata=_PNG_META, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _finite(x: Any) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def learning_curves(steps: list[dict[str, Any]]) -> bytes | None:
+    """Reward (mean over the step's samples), KL (nats per token, the configured estimator) and
+    clip fraction against the optimizer step, one line per training arm (``arm`` column; rows
+    without one are the single arm ``final``)."""
+    if not steps:
+        return None
+    by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in steps:
+        by_arm[s.get("arm") or "final"].append(s)
+    metrics = [("reward_mean", "mean reward"), ("kl", "KL (nats/token)"), ("clip_frac", "clip fraction")]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    for ax, (col, label) in zip(axes, metrics):
+        for arm, rows in sorted(by_arm.items()):
+            rows = sorted(rows, key=lambda r: r["step"])
+            ax.plot([r["step"] for r in rows], [r[col] for r in rows], marker="o", label=arm)
+        ax.set_xlabel("step")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return _png(fig)
+
+
+def pass_rate_heatmap(cells: list[dict[str, Any]]) -> bytes | None:
+    """The train x eval harness matrix of the sealed evaluation: pass@1 per (checkpoint, eval
+    harness) ``cell`` row of ``eval_cells``; held-out harnesses are marked ``(held out)``, cells
+    that do not count (coverage below the rule) are blank and marked ``n/c``."""
+    rows = [c for c in cells if c["kind"] == "cell"]
+    if not rows:
+        return None
+    cks = list(dict.fromkeys(c["checkpoint"] for c in rows))
+    hs = list(dict.fromkeys(c["harness_name"] for c in rows))
+    held = {c["harness_name"] for c in rows if c["held_out"]}
+    val = {(c["checkpoint"], c["harness_name"]): c["pass_at_1"] for c in rows}
+    grid = [[val.get((ck, h)) if _finite(val.get((ck, h))) else math.nan for h in hs] for ck in cks]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(hs), 1.0 + 0.55 * len(cks)))
+    im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    for i, ck in enumerate(cks):
+        for j, h in enumerate(hs):
+            v = grid[i][j]
+            ax.text(j, i, "n/c" if math.isnan(v) else f"{v:.2f}", ha="center", va="center",
+                    color="white" if math.isnan(v) or v < 0.6 else "black", fontsize=9)
+    ax.set_xticks(range(len(hs)), [f"{h}\n(held out)" if h in held else h for h in hs], fontsize=8)
+    ax.set_yticks(range(len(cks)), cks, fontsize=8)
+    ax.set_xlabel("evaluation harness")
+    ax.set_ylabel("checkpoint")
+    ax.set_title("sealed pass@1")
+    fig.colorbar(im, ax=ax, fraction=0.05)
+    return _png(fig)
+
+
+def ceiling_vs_return(mismatch: list[dict[str, Any]]) -> bytes | None:
+    """Per (checkpoint, harness): the deployed return (pass@1) as a bar, the gap up to the pass@K
+    ceiling stacked on it (the mismatch M = C - pass@1), and the KL-soft ceiling as a marker."""
+    rows = [r for r in mismatch if _finite(r.get("pass_at_1"))]
+    if not rows:
+        return None
+    labels = [f"{r['checkpoint']}\n{r['harness_name']}" for r in rows]
+    x = list(range(len(rows)))
+    p1 = [r["pass_at_1"] for r in rows]
+    gap = [max(0.0, r["ceiling"] - r["pass_at_1"]) if _finite(r.get("ceiling")) else 0.0 for r in rows]
+    fig, ax = plt.subplots(figsize=(1.5 + 1.1 * len(rows), 3.6))
+    ax.bar(x, p1, color="#4c72b0", label="deployed return (pass@1)")
+    k = rows[0].get("ceiling_k")
+    ax.bar(x, gap, bottom=p1, color="#dd8452", alpha=0.8, label=f"mismatch (pass@{k} ceiling - pass@1)")
+    soft = [(i, r["ceiling_kl_soft"]) for i, r in enumerate(rows) if _finite(r.get("ceiling_kl_soft"))]
+    if soft:
+        ax.scatter([i for i, _ in soft], [v for _, v in soft], marker="_", s=400, color="black", zorder=3,
+                   label="KL-soft ceiling")
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("success rate")
+    ax.set_title("harness ceiling vs deployed return")
+    ax.legend(fontsize=7, loc="upper right")
+    return _png(fig)
+
+
+def r2_comparison(predictors: list[dict[str, Any]]) -> bytes | None:
+    """R^2 of each predictor of each target with its bootstrap interval, side by side."""
+    if not predictors:
+        return None
+    targets = list(dict.fromkeys(r["target"] for r in predictors))
+    fig, axes = plt.subplots(1, len(targets), figsize=(4.2 * len(targets), 3.4), squeeze=False)
+    for ax, t in zip(axes[0], targets):
+        rows = [r for r in predictors if r["target"] == t]
+        x = list(range(len(rows)))
+        r2 = [r["r2"] if _finite(r["r2"]) else 0.0 for r in rows]
+        lo = [max(0.0, v - r["ci_low"]) if _finite(r.get("ci_low")) else 0.0 for v, r in zip(r2, rows)]
+        hi = [max(0.0, r["ci_high"] - v) if _finite(r.get("ci_high")) else 0.0 for v, r in zip(r2, rows)]
+        ax.bar(x, r2, yerr=[lo, hi], capsize=4, color="#55a868")
+        ax.set_xticks(x, [r["predictor"] for r in rows], fontsize=8, rotation=20)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"target: {t} (n={rows[0]['n_points']})")
+        ax.set_ylabel("R^2")
+    return _png(fig)
+
+
+def leakage_plot(leakage: list[dict[str, Any]]) -> bytes | None:
+    """Harness-identity leakage (classifier accuracy minus the shuffled-label null, percentage
+    points, with its interval) and the fraction of zero-advantage groups, per grouping rule."""
+    if not leakage:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    x = list(range(len(leakage)))
+    names = [r["rule"] for r in leakage]
+    ok = [(i, r) for i, r in enumerate(leakage) if _finite(r.get("leakage_pp"))]
+    if ok:
+        v = [r["leakage_pp"] for _, r in ok]
+        err = [[max(0.0, a - r["ci_low"]) for a, (_, r) in zip(v, ok)],
+               [max(0.0, r["ci_high"] - a) for a, (_, r) in zip(v, ok)]]
+        axes[0].bar([i for i, _ in ok], v, yerr=err, capsize=4, color="#c44e52")
+    for i, r in enumerate(leakage):
+        if not _finite(r.get("leakage_pp")):
+            axes[0].text(i, 0, "n/a", ha="center", va="bottom")
+    axes[0].axhline(0, color="black", lw=0.8)
+    axes[0].set_xticks(x, names)
+    axes[0].set_ylabel("accuracy - null (pp)")
+    axes[0].set_title("harness-identity leakage")
+    axes[1].bar(x, [r["zero_group_fraction"] for r in leakage], color="#8172b2")
+    axes[1].set_xticks(x, names)
+    axes[1].set_ylim(0, 1.05)
+    axes[1].set_title("zero-advantage groups (fraction)")
+    return _png(fig)
+
+
+def action_jsd_plot(jsd: list[dict[str, Any]]) -> bytes | None:
+    """Action-distribution JSD (bits) between harnesses within a checkpoint (blue) and between
+    checkpoints within a harness (orange), one bar per pair."""
+    if not jsd:
+        return None
+    rows = sorted(jsd, key=lambda r: (r["scope"] != "between_harnesses", r["checkpoint_a"], r["harness_a"],
+                                      r["checkpoint_b"], r["harness_b"]))
+    labels = [f"{r['checkpoint_a']}: {r['harness_a']} vs {r['harness_b']}" if r["scope"] == "between_harnesses"
+              else f"{r['harness_a']}: {r['checkpoint_a']} vs {r['checkpoint_b']}" for r in rows]
+    colors = ["#4c72b0" if r["scope"] == "between_harnesses" else "#dd8452" for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.28 * len(rows)))
+    y = list(range(len(rows)))
+    ax.barh(y, [r["jsd_bits"] for r in rows], color=colors)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.0)
+    ax.set_xlabel("JSD (bits)")
+    ax.set_title("action-distribution divergence (blue: between harnesses, orange: between checkpoints)", fontsize=9)
+    return _png(fig)

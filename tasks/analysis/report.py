@@ -1,0 +1,171 @@
+"""The run report: Markdown with PNG figures beside it (``analyze/report.md``, ``analyze/plots/``).
+
+:func:`render_report` turns the analyze stage's tables into Markdown; figures are referenced by
+their path relative to the report, so the report reads the same in the run folder, in a repository
+viewer, and (as a Prefect artifact, with the figures as image artifacts) in the Prefect UI.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _f(x: Any, fmt: str = ".3f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return format(x, fmt)
+
+
+def _table(header: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
+    align = align or "l" + "r" * (len(header) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+@dataclass
+class ReportInputs:
+    """Everything the report shows; each list holds the rows of the artifact of the same name
+    (empty when that analysis did not run). ``figures`` maps a figure name to its path relative
+    to the report; ``notes`` are lines the analyze stage adds (e.g. why an analysis was skipped)."""
+
+    run_name: str
+    config_hash: str
+    model: str
+    plan_hash: str
+    seal_head: str
+    episodes: list[dict[str, Any]]
+    train_steps: list[dict[str, Any]]
+    timing: list[dict[str, Any]]
+    eval_cells: list[dict[str, Any]]
+    eval_contrasts: list[dict[str, Any]]
+    mismatch: list[dict[str, Any]]
+    predictors: list[dict[str, Any]] = field(default_factory=list)
+    step_mismatch: list[dict[str, Any]] = field(default_factory=list)
+    log_odds: list[dict[str, Any]] = field(default_factory=list)
+    leakage: list[dict[str, Any]] = field(default_factory=list)
+    action_jsd: list[dict[str, Any]] = field(default_factory=list)
+    figures: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _figure(inp: ReportInputs, name: str, caption: str) -> list[str]:
+    return [f"![{caption}]({inp.figures[name]})", ""] if name in inp.figures else []
+
+
+def render_report(inp: ReportInputs) -> str:
+    """The report as Markdown (a ``str``; sections appear only for the analyses that ran)."""
+    out = [f"# harnessrl run `{inp.run_name}`", "", f"config hash `{inp.config_hash[:16]}`, model `{inp.model}`", ""]
+    eps = inp.episodes
+    out += ["## Training rollouts (base policy)", ""]
+    rows = []
+    for h in sorted({e["harness_name"] for e in eps}):
+        es = [e for e in eps if e["harness_name"] == h]
+        rows.append([h, str(len(es)), _f(sum(e["reward"] for e in es) / len(es)),
+                     _f(sum(e["success"] for e in es) / len(es)), _f(sum(e["num_turns"] for e in es) / len(es), ".2f")])
+    out += _table(["harness", "episodes", "mean reward", "success rate", "mean turns"], rows) + [""]
+
+    out += ["## Training", ""]
+    tps = {(t.get("arm") or "final", t["step"]): t.get("tokens_per_s") for t in inp.timing}
+    rows = []
+    for s in inp.train_steps:
+        arm = s.get("arm") or "final"
+        rows.append([arm, str(s["step"]), _f(s["reward_mean"]), _f(s["loss"], ".4f"), _f(s["kl"], ".5f"),
+                     _f(s["entropy"]), _f(s["clip_frac"]), _f(s["zero_adv_frac"]), _f(s["grad_norm"]),
+                     _f(tps.get((arm, s["step"])), ".0f")])
+    out += _table(["arm", "step", "reward", "loss", "KL", "entropy", "clip frac", "zero-adv frac", "grad norm",
+                   "tokens/s"], rows, "lr" + "r" * 8) + [""]
+    bad = [s for s in inp.train_steps if not all(math.isfinite(s[c]) for c in ("loss", "kl", "grad_norm"))]
+    if bad:
+        out += [f"**Unstable:** non-finite loss, KL or gradient norm at {len(bad)} step(s): "
+                + ", ".join(f"{s.get('arm') or 'final'} step {s['step']}" for s in bad[:10]), ""]
+    out += _figure(inp, "learning_curves", "learning curves")
+
+    out += ["## Sealed evaluation", "", f"plan `{inp.plan_hash[:16]}`, chain head `{inp.seal_head[:16]}` "
+            "(`harnessrl verify` recomputes both). pass@1 per checkpoint (rows) and evaluation harness (columns); "
+            "a held-out harness was never used in training; `n/c`: the cell's graded coverage is below the rule.", ""]
+    cells = [c for c in inp.eval_cells if c["kind"] == "cell"]
+    if cells:
+        hs = list(dict.fromkeys(c["harness_name"] for c in cells))
+        held = {c["harness_name"] for c in cells if c["held_out"]}
+        val = {(c["checkpoint"], c["harness_name"]): c for c in cells}
+        rows = []
+        for ck in dict.fromkeys(c["checkpoint"] for c in cells):
+            rows.append([ck] + [("n/c" if not val[(ck, h)]["counted"] else _f(val[(ck, h)]["pass_at_1"]))
+                                if (ck, h) in val else "" for h in hs])
+        out += _table(["checkpoint"] + [f"{h} (held out)" if h in held else h for h in hs], rows) + [""]
+    out += _figure(inp, "pass_rate_heatmap", "train x eval harness pass rates")
+    if inp.eval_contrasts:
+        rows = [[c["name"], f"{c['a_checkpoint']}/{c['a_harness']} - {c['b_checkpoint']}/{c['b_harness']}", c["status"],
+                 str(c["n_tasks"]), _f(c["estimate"]), f"[{_f(c['ci_low'])}, {_f(c['ci_high'])}]",
+                 _f(c["p_bonferroni"]), _f(c["mdd"])] for c in inp.eval_contrasts]
+        out += ["Pre-registered contrasts (task-clustered paired bootstrap, Bonferroni over the family):", ""]
+        out += _table(["contrast", "a - b", "status", "tasks", "estimate", "CI", "p (Bonf.)", "MDD"], rows,
+                      "lllrrrrr") + [""]
+
+    out += ["## P1: harness ceiling minus mismatch", ""]
+    if inp.mismatch:
+        k = inp.mismatch[0]["ceiling_k"]
+        beta = inp.mismatch[0].get("kl_beta")
+        rows = [[r["checkpoint"], r["harness_name"], str(r["n_tasks"]), str(r["graded"]), str(r["infra_errors"]),
+                 _f(r["pass_at_1"]), _f(r["ceiling"]), _f(r["mismatch"]), _f(r.get("ceiling_kl_soft")),
+                 _f(r.get("mismatch_kl_soft")), _f(r.get("mismatch_step")), _f(r.get("predicted_return"))]
+                for r in inp.mismatch]
+        out += [f"C = pass@{k} ceiling (unbiased estimator); C_soft = KL-soft ceiling p e^(1/b) / (1 - p + p e^(1/b)) "
+                f"with p the reference's pass@1 under the harness and b = {_f(beta, 'g')}; M = C - pass@1; "
+                "M_step = per-step mismatch by branching (where computed); predicted return = C - M_step.", ""]
+        out += _table(["checkpoint", "harness", "tasks", "graded", "infra", "pass@1", "C", "M", "C_soft",
+                       "C_soft - pass@1", "M_step", "C - M_step"], rows, "ll" + "r" * 10) + [""]
+    out += _figure(inp, "ceiling_vs_return", "ceiling vs deployed return")
+    if inp.step_mismatch:
+        rows = [[r["checkpoint"], r["harness_name"], str(r["n_episodes"]), str(r["n_states"]), _f(r["v_star_s0"]),
+                 _f(r["success"]), _f(r["mismatch_step"]), str(r["replay_divergences"])] for r in inp.step_mismatch]
+        out += ["Per-step mismatch: K continuations branched from every visited state; m_t = V*_K(s_t) - V*_K(s_t+1), "
+                "summed over the episode (telescopes to V*_K(s_0) - success).", ""]
+        out += _table(["checkpoint", "harness", "episodes", "states", "V*_K(s_0)", "success", "M_step",
+                       "replay divergences"], rows, "ll" + "r" * 6) + [""]
+    if inp.predictors:
+        rows = [[r["target"], r["predictor"], _f(r["r2"]), f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]",
+                 str(r["n_points"]), _f(r["slope"]), "yes" if r["degenerate"] else ""] for r in inp.predictors]
+        out += ["R^2 of each predictor (taken from the reference checkpoint under the harness) of the RL gain and of "
+                "the trained checkpoint's return, over (trained checkpoint, harness) points; task-clustered bootstrap "
+                "intervals. With a handful of points these intervals are wide: read them, not the point estimates.",
+                ""]
+        out += _table(["target", "predictor", "R^2", "interval", "points", "slope", "degenerate"], rows,
+                      "llrrrrl") + [""]
+    out += _figure(inp, "r2_comparison", "R^2 comparison")
+    if inp.log_odds:
+        rows = [[r["checkpoint"], r["harness_name"], str(r["n_states"]), str(r["n_pairs"]), _f(r["pearson"]),
+                 _f(r["spearman"]), _f(r["shift_reward_pearson"])] for r in inp.log_odds]
+        out += ["Log-odds check: at first-turn states, the log-odds between the group's sampled actions under the "
+                "trained policy against the reference (the harness's preferences); and the shift (policy - reference) "
+                "against the reward difference (P1: shift = (Q(a) - Q(b)) / beta).", ""]
+        out += _table(["checkpoint", "harness", "states", "pairs", "r (policy, ref)", "rho (policy, ref)",
+                       "r (shift, reward diff)"], rows, "ll" + "r" * 5) + [""]
+
+    out += ["## P4: Within vs Cross grouping", ""]
+    if inp.leakage:
+        rows = [[r["rule"], f"{r['zero_groups']}/{r['n_groups']}", _f(r["zero_group_fraction"]),
+                 _f(r["accuracy"]), _f(r["null_mean"]), _f(r["leakage_pp"], ".2f"),
+                 f"[{_f(r['ci_low'], '.2f')}, {_f(r['ci_high'], '.2f')}]", _f(r["p_value"]), r["note"]]
+                for r in inp.leakage]
+        out += ["Zero-advantage groups (no learning signal) and harness-identity leakage: cross-validated accuracy of a "
+                "logistic regression predicting the harness from a sample's advantage, minus its shuffled-label null "
+                "(percentage points, interval from the null's quantiles).", ""]
+        out += _table(["rule", "zero groups", "fraction", "accuracy", "null", "leakage (pp)", "interval", "p", "note"],
+                      rows, "lrrrrrrrl") + [""]
+    out += _figure(inp, "leakage", "zero-advantage groups and harness-identity leakage")
+    if inp.action_jsd:
+        rows = [[r["scope"].replace("_", " "), f"{r['checkpoint_a']} / {r['harness_a']}",
+                 f"{r['checkpoint_b']} / {r['harness_b']}", _f(r["jsd_bits"], ".4f"), f"{r['n_a']} / {r['n_b']}"]
+                for r in inp.action_jsd]
+        out += ["Action-distribution Jensen-Shannon divergence (bits) over action kinds of the sealed attempts' turns.",
+                ""]
+        out += _table(["scope", "a", "b", "JSD (bits)", "turns"], rows, "lllrr") + [""]
+    out += _figure(inp, "action_jsd", "action-distribution divergence")
+    if inp.notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in inp.notes] + [""]
+    out += ["With few test tasks these numbers carry wide sampling error; they describe this run, not the model in "
+            "general.", ""]
+    return "\n".join(out)

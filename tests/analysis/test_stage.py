@@ -1,0 +1,174 @@
+"""The analyze stage end to end on a scripted sealed evaluation (no model): every table, the
+figures, the report, and the Prefect artifacts the UI shows."""
+
+import pytest
+
+from schemas import ArtifactStore
+from tasks.analysis.stage import REPORT, run_analyze
+from tasks.config import RunConfig
+from tasks.evaluate.scripted import ScriptedRunner
+from tasks.evaluate.stage import run_evaluate
+from tasks.hashing import seed_from, sha256_dir
+from tasks.records.freeze import freeze_tables
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _cfg():
+    return RunConfig.model_validate({
+        "name": "analysis", "seed": 3,
+        "suites": [{"name": "basic_arithmetic", "size": 40, "seed": 2}],
+        "split": {"test_fraction": 0.5}, "harnesses": ["direct", "react-python"],
+        "train": {"kl": {"beta": 0.5}},
+        "evaluate": {"attempts": 4, "harnesses": ["direct", "react-python", "qwen-code-like"],
+                     "bootstrap_resamples": 500},
+        "analyze": {"ceiling_k": 4, "bootstrap_resamples": 300, "leakage": {"permutations": 50},
+                    "log_odds": {"max_states_per_harness": 0}},
+    })
+
+
+def _training_episodes(records, p_success):
+    """Rollouts of the train records, 4 samples each; success drawn with the harness's rate."""
+    eps = []
+    for r in records:
+        if r["split"] != "train":
+            continue
+        for i in range(4):
+            ok = seed_from(7, r["record_id"], i) / float(1 << 60) < p_success[r["harness_name"]]
+            eps.append({"episode_id": f"{r['record_id'][:16]}-{i}", "record_id": r["record_id"], "task_id": r["task_id"],
+                        "task_hash": r["task_hash"], "harness_id": r["harness_id"], "harness_name": r["harness_name"],
+                        "split": "train", "policy_id": "p", "policy_version": 0,
+                        "group_id": f"{r['task_id']}|{r['harness_id']}", "sample_idx": i, "seed": i,
+                        "reward": float(ok), "success": ok, "status": "ok", "num_turns": 1, "input_tokens": 5,
+                        "output_tokens": 3, "final_answer": "1"})
+    return eps
+
+
+@pytest.fixture(scope="module")
+def analyzed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("analyze")
+    cfg = _cfg()
+    tasks, harnesses, records = freeze_tables(cfg)
+    store = ArtifactStore(tmp / "run")
+    refs = {"tasks": store.write("freeze", "tasks", tasks), "harnesses": store.write("freeze", "harnesses", harnesses),
+            "records": store.write("freeze", "records", records)}
+    refs["episodes"] = store.write("rollout", "episodes", _training_episodes(records, {"direct": 0.9,
+                                                                                          "react-python": 0.1}))
+    refs["turns"] = store.write("rollout", "turns", [])
+    ckpts = [{"name": "base", "step": 0, "path": "", "adapter_sha256": "", "base_model_id": "m"}]
+    for name in ("within", "cross"):
+        ad = tmp / name
+        ad.mkdir()
+        (ad / "adapter_model.safetensors").write_bytes(name.encode())
+        store.put_dir(f"train/checkpoints/{name}/step-2", ad)
+        ckpts.append({"name": name, "step": 2, "path": f"train/checkpoints/{name}/step-2",
+                      "adapter_sha256": sha256_dir(ad), "base_model_id": "m"})
+    refs["checkpoints"] = store.write("train", "checkpoints", ckpts)
+    steps = [{"step": s, "loss": 0.1 / s, "policy_loss": 0.1, "kl": 0.001 * s, "entropy": 1.0, "clip_frac": 0.05,
+              "grad_norm": 0.5, "reward_mean": 0.3 + 0.1 * s, "zero_adv_frac": 0.4, "lr": 1e-4, "tokens": 100,
+              "policy_version_sampled": 0, "staleness": 0} for s in (1, 2)]
+    refs["train_steps"] = store.write("train", "train_steps", steps)
+    runner = ScriptedRunner(p_resolve={"direct": 0.6, "react-python": 0.3, "qwen-code-like": 0.2}, seed=1,
+                            tool_harnesses=("react-python", "qwen-code-like"))
+    refs.update(run_evaluate(store, cfg, refs, episode_runner=runner))
+    out = run_analyze(store, cfg, refs)
+    return cfg, store, refs, out
+
+
+def test_mismatch_agrees_with_the_sealed_cells_and_the_soft_ceiling(analyzed):
+    cfg, store, refs, out = analyzed
+    mism = store.rows(out["mismatch"])
+    cells = {(c["checkpoint"], c["harness_name"]): c for c in store.rows(refs["eval_cells"]) if c["kind"] == "cell"}
+    assert len(mism) == 3 * 3 and {(m["checkpoint"], m["harness_name"]) for m in mism} == set(cells)
+    for m in mism:
+        c = cells[(m["checkpoint"], m["harness_name"])]
+        # two independent computations of the same figures: the evaluate stage's and the analysis's
+        assert m["pass_at_1"] == pytest.approx(c["pass_at_1"]) and m["ceiling"] == pytest.approx(c["pass_at_k"])
+        assert m["mismatch"] == pytest.approx(m["ceiling"] - m["pass_at_1"])
+        p = cells[("base", m["harness_name"])]["pass_at_1"]
+        assert m["ref_pass_at_1"] == pytest.approx(p) and m["kl_beta"] == 0.5
+        import math
+        assert m["ceiling_kl_soft"] == pytest.approx(p * math.e ** 2 / (1 - p + p * math.e ** 2))
+        assert m["mismatch_step"] is None and m["predicted_return"] is None
+
+
+def test_predictors_cover_both_targets_over_the_trained_points(analyzed):
+    _, store, _, out = analyzed
+    rows = store.rows(out["predictors"])
+    assert {(r["target"], r["predictor"]) for r in rows} == {
+        (t, p) for t in ("gain", "return") for p in ("C", "C_kl_soft", "M", "C_minus_M")}
+    for r in rows:
+        assert r["n_points"] == 2 * 3  # (within, cross) x 3 evaluation harnesses
+        assert 0.0 <= r["r2"] <= 1.0 and r["ci_low"] <= r["ci_high"]
+
+
+def test_cross_grouping_leaks_the_harness_and_within_does_not(analyzed):
+    _, store, _, out = analyzed
+    lk = {r["rule"]: r for r in store.rows(out["leakage"])}
+    # success 0.9 vs 0.1: pooled per task, the advantage tells the harness apart; per harness it cannot
+    assert lk["cross"]["leakage_pp"] > 20 and lk["cross"]["ci_low"] > 0
+    assert abs(lk["within"]["leakage_pp"]) < 10
+    assert lk["within"]["zero_group_fraction"] > lk["cross"]["zero_group_fraction"]
+    assert lk["within"]["n_groups"] == 2 * lk["cross"]["n_groups"]
+
+
+def test_action_jsd_separates_harnesses_not_checkpoints(analyzed):
+    _, store, _, out = analyzed
+    rows = store.rows(out["action_jsd"])
+    between_h = {(r["harness_a"], r["harness_b"]): r["jsd_bits"] for r in rows if r["scope"] == "between_harnesses"}
+    # direct answers, the others call the submit tool: disjoint action kinds
+    assert between_h[("direct", "react-python")] == pytest.approx(1.0)
+    assert between_h[("qwen-code-like", "react-python")] == pytest.approx(0.0)
+    assert all(r["jsd_bits"] == pytest.approx(0.0) for r in rows if r["scope"] == "between_checkpoints")
+
+
+def test_report_and_figures(analyzed):
+    _, store, _, out = analyzed
+    report = store.read_bytes(REPORT).decode()
+    for section in ("## Sealed evaluation", "## P1: harness ceiling minus mismatch", "## P4: Within vs Cross grouping",
+                    "qwen-code-like (held out)", "R^2"):
+        assert section in report
+    figs = store.list_files("analyze/plots")
+    assert [f.rsplit("/", 1)[-1] for f in figs] == ["action_jsd.png", "ceiling_vs_return.png", "leakage.png", "learning_curves.png",
+                                                   "pass_rate_heatmap.png", "r2_comparison.png"]
+    for f in figs:
+        assert store.read_bytes(f).startswith(PNG)
+        assert f"]({f.removeprefix('analyze/')})" in report
+
+
+def test_the_same_inputs_give_identical_tables_and_figures(analyzed):
+    cfg, store, refs, out = analyzed
+    pngs = {f: store.read_bytes(f) for f in store.list_files("analyze/plots")}
+    second = run_analyze(store, cfg, refs)
+    assert {k: v.sha256 for k, v in second.items()} == {k: v.sha256 for k, v in out.items()}
+    assert {f: store.read_bytes(f) for f in store.list_files("analyze/plots")} == pngs
+
+
+def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_harness):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from flows.stages import publish_report
+
+    _, store, _, _ = analyzed
+
+    @flow
+    def show():
+        return publish_report(store.url)
+
+    keys = show()
+    assert "harnessrl-report" in keys and "harnessrl-mismatch" in keys and "harnessrl-leakage" in keys
+    assert "harnessrl-plot-leakage" in keys and "harnessrl-plot-leakage-file" in keys
+
+    import asyncio
+
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def fetch():
+        async with get_client() as c:
+            return await c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
+
+    arts = {a.key: a for a in asyncio.run(fetch())}
+    assert arts["harnessrl-plot-leakage"].type == "image"
+    assert str(arts["harnessrl-plot-leakage"].data).startswith("data:image/png;base64,")
+    assert "file://" in str(arts["harnessrl-plot-leakage-file"].data)
