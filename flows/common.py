@@ -33,7 +33,7 @@ StageFn = Callable[[ArtifactStore, RunConfig, dict[str, ArtifactRef]], dict[str,
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "freeze": ("suites", "split", "harnesses", "evaluate"),  # evaluate: its held-out harnesses get test records
     "rollout": ("policy", "sandbox", "rollout"),
-    "train": ("policy", "train", "rollout", "sandbox"),
+    "train": ("policy", "train", "arms", "rollout", "sandbox"),
     "evaluate": ("policy", "sandbox", "evaluate", "rollout"),  # rollout: its fan-out shard_size
     "analyze": ("analyze",),
 }

@@ -182,8 +182,9 @@ TURNS = _register(
 TRAIN_STEPS = _register(
     Contract(
         "train_steps",
-        2,
+        3,
         _s(
+            ("arm", pa.string()),
             ("step", pa.int32()),
             ("loss", pa.float64()),
             ("policy_loss", pa.float64()),
@@ -198,9 +199,9 @@ TRAIN_STEPS = _register(
             ("policy_version_sampled", pa.int64()),
             ("staleness", pa.int64()),
         ),
-        [("unique", "step"), ("between", "clip_frac", 0.0, 1.0), ("between", "zero_adv_frac", 0.0, 1.0),
+        [("not_null", "arm"), ("compound_unique", ("arm", "step")), ("between", "clip_frac", 0.0, 1.0), ("between", "zero_adv_frac", 0.0, 1.0),
          ("between", "staleness", 0, 1_000_000)],
-        "One optimizer step. Wall-clock figures (seconds, tokens/s) vary run to run, so they live in the "
+        "One optimizer step of one training arm ('final' without arms). Wall-clock figures (seconds, tokens/s) vary run to run, so they live in the "
         "manifest's extra.timing, not in the Parquet, which stays byte-identical for a given config and seed.",
     )
 )

@@ -18,6 +18,9 @@ from tasks.yamlfile import describe, load_mapping
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
 # Fields that say how a stage runs, never what it writes: left out of section hashes (cache keys).
 EXECUTION_ONLY = {"rollout": {"task_runner", "workers"}}
+# Optional top-level sections left out of section hashes when absent, so adding one to a stage's
+# sections keeps the cache keys of configs without it.
+OPTIONAL_SECTIONS = {"arms"}
 
 
 class ConfigError(ValueError):
@@ -291,9 +294,39 @@ class TrainConfig(_Strict):
         return self
 
 
+class ArmConfig(_Strict):
+    """One training arm (METHODS.md P4, P5): trained from the same frozen records and rollouts as
+    every other arm, with its own checkpoint ``train/checkpoints/<name>/step-<steps>``.
+
+    ``name`` names the arm's checkpoint (``base`` is the untrained policy, so it is refused);
+    ``train`` overrides are deep-merged onto the top-level ``train`` section (a nested mapping
+    such as ``kl: {estimator: k3}`` merges key by key; lists and scalars replace). The merged
+    section must be a valid :class:`TrainConfig` (checked when the config loads).
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    train: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _not_base(cls, v: str) -> str:
+        if v == "base":
+            raise ValueError("arms[].name='base' is reserved for the untrained policy's checkpoint")
+        return v
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``over``, recursing where both values are mappings (a new dict; the
+    inputs are not changed). Any other value in ``over`` (list, scalar, None) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 class ContrastArm(_Strict):
-    """One side of a pre-registered contrast: a checkpoint name (``base``, ``final``, ...) under
-    an evaluation harness."""
+    """One side of a pre-registered contrast: a checkpoint name (``base``, ``final`` or an arm's
+    name) under an evaluation harness."""
 
     checkpoint: str = Field(min_length=1)
     harness: str = Field(min_length=1)
@@ -312,8 +345,9 @@ class EvaluateConfig(_Strict):
 
     ``harnesses`` (None: the training ``harnesses``) may name harnesses never used in training:
     those are held-out columns (freeze builds their test records only; rollout and training never
-    see them). ``contrasts`` are fixed in the plan before any attempt (None: ``final`` minus
-    ``base`` under each evaluation harness). ``min_graded_fraction``: a (checkpoint, harness) cell
+    see them). ``contrasts`` are fixed in the plan before any attempt (None: each trained
+    checkpoint, ``final`` or every arm, minus ``base`` under each evaluation harness); their
+    checkpoints must be ``base`` or an arm name (``final`` without ``arms``). ``min_graded_fraction``: a (checkpoint, harness) cell
     counts only when at least this fraction of its planned attempts were graded (not
     infra_error). ``infra_retries``: times an attempt that ended in infra_error is retried (each
     retry is a new sealed row referring to the original). Statistics: ``alpha`` (family-wise,
@@ -406,7 +440,12 @@ class AnalyzeConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    """A whole experiment: the embedded default is ``configs/default.yaml``."""
+    """A whole experiment: the embedded default is ``configs/default.yaml``.
+
+    ``arms`` (optional): several training arms from the same frozen records and rollouts, each
+    with its own checkpoint (see :class:`ArmConfig`, :meth:`arm_configs`); absent, the train
+    stage trains one adapter, checkpoint ``final``.
+    """
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seed: int = 0
@@ -418,6 +457,7 @@ class RunConfig(_Strict):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    arms: list[ArmConfig] | None = Field(default=None, min_length=1)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     analyze: AnalyzeConfig = Field(default_factory=AnalyzeConfig)
 
@@ -453,10 +493,17 @@ class RunConfig(_Strict):
                 f"analyze.ceiling_k={self.analyze.ceiling_k} exceeds evaluate.attempts={self.evaluate.attempts}: "
                 "pass@K needs at least K attempts per task"
             )
-        if self.train.mode == "online" and self.rollout.task_runner == "dask":
-            raise ValueError("rollout.task_runner='dask' with train.mode='online': online sampling uses the trainer's "
-                             "in-memory policy, which worker processes cannot load; use task_runner 'thread' or "
-                             "'serial'")
+        if self.arms is not None:
+            names = [a.name for a in self.arms]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"arms: duplicate arm name(s) {dup}")
+        for arm, tc in self.arm_configs():
+            where = "train" if self.arms is None else f"arms[{arm!r}].train"
+            if tc.mode == "online" and self.rollout.task_runner == "dask":
+                raise ValueError(f"rollout.task_runner='dask' with {where}.mode='online': online sampling uses the "
+                                 "trainer's in-memory policy, which worker processes cannot load; use task_runner "
+                                 "'thread' or 'serial'")
         from tasks.harnesses.spec import HarnessError, load_harness
 
         for h in self.held_out_harnesses():
@@ -465,13 +512,49 @@ class RunConfig(_Strict):
             except HarnessError as e:
                 raise ValueError(f"evaluate.harnesses names {h!r}: {e}") from None
         evals = self.eval_harnesses()
+        ckpts = self.checkpoint_names()
         for c in self.evaluate.contrasts or []:
             for side in ("a", "b"):
                 h = getattr(c, side).harness
                 if h not in evals:
                     raise ValueError(f"evaluate.contrasts[{c.name!r}].{side}.harness={h!r} is not an evaluation "
                                      f"harness {evals}")
+                ck = getattr(c, side).checkpoint
+                if ck not in ckpts:
+                    raise ValueError(f"evaluate.contrasts[{c.name!r}].{side}.checkpoint={ck!r} is not a checkpoint "
+                                     f"of this run {ckpts}")
         return self
+
+    def arm_configs(self) -> list[tuple[str, TrainConfig]]:
+        """The training arms as ``(checkpoint name, effective TrainConfig)``, in config order.
+
+        Without ``arms``: ``[("final", self.train)]``. With ``arms``: one per arm, its ``train``
+        overrides deep-merged (:func:`deep_merge`) onto the top-level ``train`` section.
+
+        Raises:
+            ValueError: an arm's merged section is not a valid TrainConfig; the message names
+                ``arms['<name>'].train.<key>``, the value and the reason.
+        """
+        if self.arms is None:
+            return [("final", self.train)]
+        base = self.train.model_dump(mode="python")
+        out = []
+        for arm in self.arms:
+            try:
+                out.append((arm.name, TrainConfig.model_validate(deep_merge(base, arm.train))))
+            except ValidationError as e:
+                msgs = []
+                for err in e.errors():
+                    key = ".".join(str(x) for x in err["loc"])
+                    where = f"arms[{arm.name!r}].train" + (f".{key}={err['input']!r}" if key else "")
+                    msgs.append(f"{where}: {err['msg']}")
+                raise ValueError("; ".join(msgs)) from None
+        return out
+
+    def checkpoint_names(self) -> list[str]:
+        """Names of the checkpoints the train stage writes: ``base`` then each arm (``final``
+        without ``arms``)."""
+        return ["base", *(name for name, _ in self.arm_configs())]
 
     def eval_harnesses(self) -> list[str]:
         """The evaluation harnesses: ``evaluate.harnesses``, else the training ``harnesses``."""
@@ -482,13 +565,17 @@ class RunConfig(_Strict):
         return [h for h in self.evaluate.harnesses or [] if h not in self.harnesses]
 
     def config_hash(self) -> str:
-        """SHA-256 of the canonical JSON of the whole config."""
-        return sha256_json(self.model_dump(mode="json"))
+        """SHA-256 of the canonical JSON of the whole config (an absent optional section, ``arms`` =
+        None, left out, so configs without it keep their hash)."""
+        dump = self.model_dump(mode="json")
+        return sha256_json({k: v for k, v in dump.items() if not (k in OPTIONAL_SECTIONS and v is None)})
 
     def section_hash(self, *sections: str) -> str:
-        """SHA-256 of the named top-level sections (plus ``seed``): a stage's config cache key."""
+        """SHA-256 of the named top-level sections (plus ``seed``): a stage's config cache key.
+        An absent optional section (``arms`` = None) is left out, as if not named."""
         dump = self.model_dump(mode="json", exclude=EXECUTION_ONLY)
-        return sha256_json({"seed": self.seed, **{s: dump[s] for s in sections}})
+        return sha256_json({"seed": self.seed, **{s: dump[s] for s in sections
+                                                   if not (s in OPTIONAL_SECTIONS and dump[s] is None)}})
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
