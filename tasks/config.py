@@ -523,6 +523,11 @@ class RunConfig(_Strict):
                 if ck not in ckpts:
                     raise ValueError(f"evaluate.contrasts[{c.name!r}].{side}.checkpoint={ck!r} is not a checkpoint "
                                      f"of this run {ckpts}")
+        if self.analyze.reference not in ckpts:
+            raise ValueError(f"analyze.reference={self.analyze.reference!r} is not a checkpoint of this run {ckpts}")
+        for ck in self.analyze.branching.checkpoints:
+            if ck not in ckpts:
+                raise ValueError(f"analyze.branching.checkpoints names {ck!r}, not a checkpoint of this run {ckpts}")
         return self
 
     def arm_configs(self) -> list[tuple[str, TrainConfig]]:
