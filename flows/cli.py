@@ -42,6 +42,8 @@ def prepare_environment(run_root: Path) -> None:
     (its SQLite DB stays out of the user's home), no telemetry, our loggers in the Prefect logs,
     quiet transformers."""
     os.environ.setdefault("PREFECT_HOME", str((run_root / ".prefect-home").resolve()))
+    # Prefect creates its home without parents: with --run-dir elsewhere the run root may not exist yet
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # 20 s is short on a busy host
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "harnessrl")
