@@ -59,13 +59,15 @@ def run(
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run folder or fsspec URL, e.g. s3://bucket/runs/x "
                                           "(default RUN_ROOT/NAME-CONFIGHASH)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set train.steps=3"),
+    quick: bool = typer.Option(False, "--quick", help="apply the config's own `quick` section first (a smaller "
+                               "version of the experiment)"),
 ) -> None:
     """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached."""
     from tasks.config import STAGES, ConfigError, load_config
 
     path = _default_config_path(config)
     try:
-        cfg = load_config(path, _parse_sets(set_))
+        cfg = load_config(path, _parse_sets(set_), quick=quick)
     except ConfigError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2)

@@ -525,6 +525,48 @@ ACTION_JSD = _register(
     )
 )
 
+SUITE_PASS_RATES = _register(
+    Contract(
+        "suite_pass_rates",
+        1,
+        _s(
+            ("checkpoint", pa.string()),
+            ("harness_name", pa.string()),
+            ("suite", pa.string()),
+            ("n_tasks", pa.int32()),
+            ("graded", pa.int64()),
+            ("pass_at_1", pa.float64()),
+            ("ci_low", pa.float64()),
+            ("ci_high", pa.float64()),
+            ("median_turns", pa.float64()),
+        ),
+        [("compound_unique", ("checkpoint", "harness_name", "suite")), ("between", "pass_at_1", 0.0, 1.0)],
+        "Sealed pass@1 per checkpoint, harness and suite (in-domain vs out-of-domain) with a task-resampling "
+        "bootstrap interval, and the median agent steps (turns) per graded attempt.",
+    )
+)
+
+TRAINING_STABILITY = _register(
+    Contract(
+        "training_stability",
+        1,
+        _s(
+            ("arm", pa.string()),
+            ("steps", pa.int32()),
+            ("first_reward", pa.float64()),
+            ("final_reward", pa.float64()),
+            ("final_kl", pa.float64()),
+            ("max_kl", pa.float64()),
+            ("nonfinite_steps", pa.int32()),
+            ("stable", pa.bool_()),
+            ("reason", pa.string()),
+        ),
+        [("unique", "arm")],
+        "Per training arm: first and last mean reward, last and largest per-token KL (nats), steps with a non-finite "
+        "loss/KL/gradient norm, and stable = finite and KL <= analyze.divergence_kl throughout (reason otherwise).",
+    )
+)
+
 KL_CHECK = _register(
     Contract(
         "kl_check",

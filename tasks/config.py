@@ -7,6 +7,7 @@ falls back to a default. Invalid combinations are refused at load time, not half
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +21,7 @@ STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
 EXECUTION_ONLY = {"rollout": {"task_runner", "workers"}}
 # Optional top-level sections left out of section hashes when absent, so adding one to a stage's
 # sections keeps the cache keys of configs without it.
-OPTIONAL_SECTIONS = {"arms"}
+OPTIONAL_SECTIONS = {"arms", "sweep", "quick"}
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,7 @@ class SuiteConfig(_Strict):
     size: int = Field(gt=0, le=100_000)
     seed: int = 0
     params: dict[str, Any] = Field(default_factory=dict)
+    eval_only: bool = False
 
     @model_validator(mode="after")
     def _check_source(self) -> "SuiteConfig":
@@ -315,6 +317,27 @@ class ArmConfig(_Strict):
         return v
 
 
+def _sweep_points(sweep: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Every combination of a ``sweep`` (dotted ``train`` key -> values), in config order, as
+    ``(arm-name suffix, nested override)``: ``{"kl.beta": [0.1, 0.3]}`` gives
+    ``("-kl.beta0.1", {"kl": {"beta": 0.1}})`` and ``("-kl.beta0.3", ...)``; no sweep gives one
+    point ``("", {})``."""
+    import itertools
+
+    keys = list(sweep)
+    out = []
+    for values in itertools.product(*(sweep[k] for k in keys)):
+        point: dict[str, Any] = {}
+        for k, v in zip(keys, values):
+            node = point
+            *parents, leaf = k.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = v
+        out.append(("".join(f"-{k}{v}" for k, v in zip(keys, values)), point))
+    return out
+
+
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``base`` updated by ``over``, recursing where both values are mappings (a new dict; the
     inputs are not changed). Any other value in ``over`` (list, scalar, None) replaces."""
@@ -426,7 +449,11 @@ class AnalyzeConfig(_Strict):
     beta of the KL-soft ceiling (None: ``train.kl.beta`` when > 0, else no soft ceiling).
     ``reference``: the checkpoint whose pass rate under a harness is the harness's own (the
     predictors and the soft ceiling are taken from it). ``bootstrap_resamples`` and ``seed``: the
-    task-clustered bootstrap of the R^2 intervals, and every other random choice of the stage.
+    task-clustered bootstrap of the R^2 and pass@1 intervals, and every other random choice of
+    the stage. ``divergence_kl``: an arm whose per-token KL (nats) exceeds this at any step, or
+    whose loss, KL or gradient norm is not finite, is flagged unstable in the arm summary.
+    ``kl_check``: put P5's estimator table (``harnessrl kl-check``, by enumeration) in the report
+    beside each arm's estimator and placement.
     """
 
     ceiling_k: int = Field(default=4, ge=1)
@@ -437,6 +464,8 @@ class AnalyzeConfig(_Strict):
     leakage: LeakageConfig = Field(default_factory=LeakageConfig)
     log_odds: LogOddsConfig = Field(default_factory=LogOddsConfig)
     branching: BranchingConfig = Field(default_factory=BranchingConfig)
+    divergence_kl: float = Field(default=1.0, gt=0)
+    kl_check: bool = False
 
 
 class RunConfig(_Strict):
@@ -458,6 +487,8 @@ class RunConfig(_Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     arms: list[ArmConfig] | None = Field(default=None, min_length=1)
+    sweep: dict[str, list[Any]] | None = None
+    quick: dict[str, Any] | None = None
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     analyze: AnalyzeConfig = Field(default_factory=AnalyzeConfig)
 
@@ -498,8 +529,14 @@ class RunConfig(_Strict):
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
                 raise ValueError(f"arms: duplicate arm name(s) {dup}")
+        for key, values in (self.sweep or {}).items():
+            if not values or len({repr(v) for v in values}) != len(values):
+                raise ValueError(f"sweep[{key!r}]={values!r}: needs a non-empty list of distinct values")
         for arm, tc in self.arm_configs():
-            where = "train" if self.arms is None else f"arms[{arm!r}].train"
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", arm):
+                raise ValueError(f"sweep: arm name {arm!r} (arm + swept values) is not a valid checkpoint name; sweep "
+                                 "values must be numbers or simple words")
+            where = "train" if self.arms is None and self.sweep is None else f"arms[{arm!r}].train"
             if tc.mode == "online" and self.rollout.task_runner == "dask":
                 raise ValueError(f"rollout.task_runner='dask' with {where}.mode='online': online sampling uses the "
                                  "trainer's in-memory policy, which worker processes cannot load; use task_runner "
@@ -540,20 +577,23 @@ class RunConfig(_Strict):
             ValueError: an arm's merged section is not a valid TrainConfig; the message names
                 ``arms['<name>'].train.<key>``, the value and the reason.
         """
-        if self.arms is None:
+        if self.arms is None and self.sweep is None:
             return [("final", self.train)]
         base = self.train.model_dump(mode="python")
+        arms = [(a.name, a.train) for a in self.arms] if self.arms is not None else [("final", {})]
         out = []
-        for arm in self.arms:
-            try:
-                out.append((arm.name, TrainConfig.model_validate(deep_merge(base, arm.train))))
-            except ValidationError as e:
-                msgs = []
-                for err in e.errors():
-                    key = ".".join(str(x) for x in err["loc"])
-                    where = f"arms[{arm.name!r}].train" + (f".{key}={err['input']!r}" if key else "")
-                    msgs.append(f"{where}: {err['msg']}")
-                raise ValueError("; ".join(msgs)) from None
+        for name, over in arms:
+            for suffix, point in _sweep_points(self.sweep or {}):
+                merged = deep_merge(deep_merge(base, over), point)
+                try:
+                    out.append((name + suffix, TrainConfig.model_validate(merged)))
+                except ValidationError as e:
+                    msgs = []
+                    for err in e.errors():
+                        key = ".".join(str(x) for x in err["loc"])
+                        where = f"arms[{name + suffix!r}].train" + (f".{key}={err['input']!r}" if key else "")
+                        msgs.append(f"{where}: {err['msg']}")
+                    raise ValueError("; ".join(msgs)) from None
         return out
 
     def checkpoint_names(self) -> list[str]:
@@ -583,31 +623,61 @@ class RunConfig(_Strict):
                                                    if not (s in OPTIONAL_SECTIONS and dump[s] is None)}})
 
 
+def _apply_override(data: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    """Set ``dotted`` (``train.steps``, ``suites.0.size``: a number indexes a list) in ``data``.
+
+    Raises:
+        ConfigError: a parent is neither a mapping nor a list, or a list index is out of range.
+    """
+    node: Any = data
+    *parents, leaf = dotted.split(".")
+    for i, k in enumerate(parents + [leaf]):
+        last = i == len(parents)
+        if isinstance(node, list):
+            if not k.isdigit() or int(k) >= len(node):
+                raise ConfigError(f"{where}: override {dotted}={value!r}: {'.'.join((parents + [leaf])[:i + 1])!r} "
+                                  f"is not an index of a list of {len(node)}")
+            if last:
+                node[int(k)] = value
+            else:
+                node = node[int(k)]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: override {dotted}={value!r}: key {'.'.join(parents[:i])!r} is {node!r}, not "
+                              "a mapping")
+        if last:
+            node[k] = value
+        else:
+            node = node.setdefault(k, {})
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
-                model: type[RunConfig] | None = None) -> RunConfig:
+                model: type[RunConfig] | None = None, *, quick: bool = False) -> RunConfig:
     """Load and validate a run config from YAML.
 
-    ``overrides`` maps dotted keys (``"train.steps"``) to values applied before validation.
-    ``model``: the config class to validate with (default :class:`RunConfig`; a subclass such as
-    BiPA's ``BipaRunConfig`` for commands that need more sections).
+    ``overrides`` maps dotted keys (``"train.steps"``, ``"suites.0.size"``: a number indexes a
+    list) to values applied before validation. ``quick``: first apply the config's own ``quick``
+    section (dotted keys to values, e.g. fewer tasks and steps: ``harnessrl run --quick``), then
+    ``overrides``. ``model``: the config class to validate with (default :class:`RunConfig`; a
+    subclass such as BiPA's ``BipaRunConfig`` for commands that need more sections).
 
     Raises:
         ConfigError: the file is missing, is not YAML, is not a mapping, or fails validation;
-            the message names the file, the key path and the offending value.
+            ``quick`` without a ``quick`` section; the message names the file, the key path and
+            the offending value.
     """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file does not exist")
     data = load_mapping(p, ConfigError)
+    if quick:
+        q = data.get("quick")
+        if not isinstance(q, dict) or not q:
+            raise ConfigError(f"{p}: --quick needs a 'quick' section (dotted keys -> values), got {q!r}")
+        for dotted, value in q.items():
+            _apply_override(data, str(dotted), value, f"{p} (quick)")
     for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for i, k in enumerate(parents):
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{p}: override {dotted}={value!r}: key {'.'.join(parents[:i + 1])!r} is "
-                                  f"{node!r}, not a mapping")
-        node[leaf] = value
+        _apply_override(data, dotted, value, str(p))
     try:
         return (model or RunConfig).model_validate(data)
     except ValidationError as e:

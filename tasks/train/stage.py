@@ -86,7 +86,7 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
         timing += [{"arm": arm, **t} for t in result.timing]
         ckpts.append({"name": arm, "step": arm_train.steps, "path": rel, "adapter_sha256": sha,
                       "base_model_id": base_id})
-    ch = cfg.section_hash("policy", "train", "arms", "rollout", "sandbox")
+    ch = cfg.section_hash("policy", "train", "arms", "sweep", "rollout", "sandbox")
     ins = [inputs["episodes"], inputs["turns"], inputs["harnesses"], inputs["tasks"]]
     steps_ref = store.write("train", "train_steps", steps, inputs=ins, config_hash=ch, extra={"timing": timing})
     ck_ref = store.write("train", "checkpoints", ckpts, inputs=[steps_ref, *ins], config_hash=ch)

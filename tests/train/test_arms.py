@@ -27,13 +27,13 @@ def _cfg(**over):
 def test_without_arms_there_is_one_final_arm_and_hashes_do_not_change():
     c = _cfg(train={"steps": 3})
     assert c.arm_configs() == [("final", c.train)] and c.checkpoint_names() == ["base", "final"]
-    # an absent optional section is left out of the hash, so adding "arms" to the train stage's
-    # sections keeps the cache keys of configs without arms
-    assert c.section_hash("policy", "train", "arms") == c.section_hash("policy", "train")
+    # an absent optional section (arms, sweep, quick) is left out of the hash, so adding "arms" to
+    # the train stage's sections keeps the cache keys of configs without arms
+    assert c.section_hash("policy", "train", "arms", "sweep") == c.section_hash("policy", "train")
     from tasks.hashing import sha256_json
 
     dump = c.model_dump(mode="json")
-    assert dump.pop("arms") is None and c.config_hash() == sha256_json(dump)
+    assert [dump.pop(k) for k in ("arms", "sweep", "quick")] == [None] * 3 and c.config_hash() == sha256_json(dump)
     with_arms = _cfg(train={"steps": 3}, arms=[{"name": "a"}])
     assert with_arms.section_hash("policy", "train", "arms") != with_arms.section_hash("policy", "train")
 
