@@ -303,11 +303,14 @@ class ArmConfig(_Strict):
     ``name`` names the arm's checkpoint (``base`` is the untrained policy, so it is refused);
     ``train`` overrides are deep-merged onto the top-level ``train`` section (a nested mapping
     such as ``kl: {estimator: k3}`` merges key by key; lists and scalars replace). The merged
-    section must be a valid :class:`TrainConfig` (checked when the config loads).
+    section must be a valid :class:`TrainConfig` (checked when the config loads). With a run-level
+    ``sweep``, the arm is trained once per swept value (its own overrides win over a swept key),
+    unless ``sweep: false`` (e.g. a no-KL arm in a sweep over the KL coefficient).
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     train: dict[str, Any] = Field(default_factory=dict)
+    sweep: bool = True
 
     @field_validator("name")
     @classmethod
@@ -580,11 +583,11 @@ class RunConfig(_Strict):
         if self.arms is None and self.sweep is None:
             return [("final", self.train)]
         base = self.train.model_dump(mode="python")
-        arms = [(a.name, a.train) for a in self.arms] if self.arms is not None else [("final", {})]
+        arms = [(a.name, a.train, a.sweep) for a in self.arms] if self.arms is not None else [("final", {}, True)]
         out = []
-        for name, over in arms:
-            for suffix, point in _sweep_points(self.sweep or {}):
-                merged = deep_merge(deep_merge(base, over), point)
+        for name, over, swept in arms:
+            for suffix, point in _sweep_points(self.sweep or {} if swept else {}):
+                merged = deep_merge(deep_merge(base, point), over)
                 try:
                     out.append((name + suffix, TrainConfig.model_validate(merged)))
                 except ValidationError as e:

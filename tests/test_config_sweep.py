@@ -20,6 +20,13 @@ def test_sweep_crosses_every_arm_with_every_value():
     assert arms["k3-loss-kl.beta0.3"].kl.beta == 0.3 and arms["k3-loss-kl.beta0.3"].kl.estimator == "k3"
     assert arms["k1-reward-kl.beta0.1"].kl.placement == "reward"
     assert c.checkpoint_names() == ["base", *arms]
+    # an arm's own value wins over the sweep; `sweep: false` keeps an arm out of it
+    c2 = RunConfig.model_validate({**BASE, "arms": [{"name": "kl", "train": {"kl": {"placement": "loss"}}},
+                                                    {"name": "nokl", "train": {"kl": {"beta": 0.0}}, "sweep": False}],
+                                   "sweep": {"kl.beta": [0.1, 0.3], "kl.placement": ["reward"]}})
+    arms2 = dict(c2.arm_configs())
+    assert list(arms2) == ["kl-kl.beta0.1-kl.placementreward", "kl-kl.beta0.3-kl.placementreward", "nokl"]
+    assert arms2["kl-kl.beta0.3-kl.placementreward"].kl.placement == "loss" and arms2["nokl"].kl.beta == 0.0
     # a sweep without arms sweeps the single arm
     solo = RunConfig.model_validate({**BASE, "sweep": {"lr": [0.001, 0.01]}})
     assert [n for n, _ in solo.arm_configs()] == ["final-lr0.001", "final-lr0.01"]
