@@ -42,6 +42,8 @@ def prepare_environment(run_root: Path) -> None:
     (its SQLite DB stays out of the user's home), no telemetry, our loggers in the Prefect logs,
     quiet transformers."""
     os.environ.setdefault("PREFECT_HOME", str((run_root / ".prefect-home").resolve()))
+    # Prefect creates its home without parents: with --run-dir elsewhere the run root may not exist yet
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # 20 s is short on a busy host
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "harnessrl")
@@ -57,13 +59,15 @@ def run(
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run folder or fsspec URL, e.g. s3://bucket/runs/x "
                                           "(default RUN_ROOT/NAME-CONFIGHASH)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set train.steps=3"),
+    quick: bool = typer.Option(False, "--quick", help="apply the config's own `quick` section first (a smaller "
+                               "version of the experiment)"),
 ) -> None:
     """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached."""
     from tasks.config import STAGES, ConfigError, load_config
 
     path = _default_config_path(config)
     try:
-        cfg = load_config(path, _parse_sets(set_))
+        cfg = load_config(path, _parse_sets(set_), quick=quick)
     except ConfigError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2)

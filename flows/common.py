@@ -33,9 +33,9 @@ StageFn = Callable[[ArtifactStore, RunConfig, dict[str, ArtifactRef]], dict[str,
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "freeze": ("suites", "split", "harnesses", "evaluate"),  # evaluate: its held-out harnesses get test records
     "rollout": ("policy", "sandbox", "rollout"),
-    "train": ("policy", "train", "rollout", "sandbox"),
+    "train": ("policy", "train", "arms", "sweep", "rollout", "sandbox"),
     "evaluate": ("policy", "sandbox", "evaluate", "rollout"),  # rollout: its fan-out shard_size
-    "analyze": ("analyze",),
+    "analyze": ("analyze", "policy", "sandbox", "train"),  # models for log-odds and branching; train.kl.beta
 }
 
 

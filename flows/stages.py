@@ -79,6 +79,9 @@ def analyze_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], r
 UI_TABLES = {
     "eval-cells": ("evaluate", "eval_cells", "sealed pass@1 per checkpoint x evaluation harness"),
     "contrasts": ("evaluate", "eval_contrasts", "pre-registered contrasts with bootstrap intervals"),
+    "suite-pass-rates": ("analyze", "suite_pass_rates", "pass@1 per checkpoint x harness x suite, with intervals"),
+    "training-stability": ("analyze", "training_stability", "per arm: reward, KL, stability"),
+    "kl-check": ("analyze", "kl_check", "P5: gradient bias of each KL configuration (enumeration)"),
     "mismatch": ("analyze", "mismatch", "P1: ceilings and mismatch per checkpoint x harness"),
     "predictors": ("analyze", "predictors", "P1: R^2 of C, M and C - M with bootstrap intervals"),
     "log-odds": ("analyze", "log_odds", "P1: log-odds check per checkpoint x harness"),

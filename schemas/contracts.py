@@ -182,8 +182,9 @@ TURNS = _register(
 TRAIN_STEPS = _register(
     Contract(
         "train_steps",
-        2,
+        3,
         _s(
+            ("arm", pa.string()),
             ("step", pa.int32()),
             ("loss", pa.float64()),
             ("policy_loss", pa.float64()),
@@ -198,9 +199,9 @@ TRAIN_STEPS = _register(
             ("policy_version_sampled", pa.int64()),
             ("staleness", pa.int64()),
         ),
-        [("unique", "step"), ("between", "clip_frac", 0.0, 1.0), ("between", "zero_adv_frac", 0.0, 1.0),
+        [("not_null", "arm"), ("compound_unique", ("arm", "step")), ("between", "clip_frac", 0.0, 1.0), ("between", "zero_adv_frac", 0.0, 1.0),
          ("between", "staleness", 0, 1_000_000)],
-        "One optimizer step. Wall-clock figures (seconds, tokens/s) vary run to run, so they live in the "
+        "One optimizer step of one training arm ('final' without arms). Wall-clock figures (seconds, tokens/s) vary run to run, so they live in the "
         "manifest's extra.timing, not in the Parquet, which stays byte-identical for a given config and seed.",
     )
 )
@@ -521,6 +522,48 @@ ACTION_JSD = _register(
         [("in_set", "scope", ["between_harnesses", "between_checkpoints"]), ("between", "jsd_bits", 0.0, 1.0)],
         "P4: Jensen-Shannon divergence (bits) of action-kind distributions of the sealed attempts' turns, between "
         "harnesses within a checkpoint and between checkpoints within a harness; n_a, n_b = turns.",
+    )
+)
+
+SUITE_PASS_RATES = _register(
+    Contract(
+        "suite_pass_rates",
+        1,
+        _s(
+            ("checkpoint", pa.string()),
+            ("harness_name", pa.string()),
+            ("suite", pa.string()),
+            ("n_tasks", pa.int32()),
+            ("graded", pa.int64()),
+            ("pass_at_1", pa.float64()),
+            ("ci_low", pa.float64()),
+            ("ci_high", pa.float64()),
+            ("median_turns", pa.float64()),
+        ),
+        [("compound_unique", ("checkpoint", "harness_name", "suite")), ("between", "pass_at_1", 0.0, 1.0)],
+        "Sealed pass@1 per checkpoint, harness and suite (in-domain vs out-of-domain) with a task-resampling "
+        "bootstrap interval, and the median agent steps (turns) per graded attempt.",
+    )
+)
+
+TRAINING_STABILITY = _register(
+    Contract(
+        "training_stability",
+        1,
+        _s(
+            ("arm", pa.string()),
+            ("steps", pa.int32()),
+            ("first_reward", pa.float64()),
+            ("final_reward", pa.float64()),
+            ("final_kl", pa.float64()),
+            ("max_kl", pa.float64()),
+            ("nonfinite_steps", pa.int32()),
+            ("stable", pa.bool_()),
+            ("reason", pa.string()),
+        ),
+        [("unique", "arm")],
+        "Per training arm: first and last mean reward, last and largest per-token KL (nats), steps with a non-finite "
+        "loss/KL/gradient norm, and stable = finite and KL <= analyze.divergence_kl throughout (reason otherwise).",
     )
 )
 

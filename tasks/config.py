@@ -7,6 +7,7 @@ falls back to a default. Invalid combinations are refused at load time, not half
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +19,9 @@ from tasks.yamlfile import describe, load_mapping
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
 # Fields that say how a stage runs, never what it writes: left out of section hashes (cache keys).
 EXECUTION_ONLY = {"rollout": {"task_runner", "workers"}}
+# Optional top-level sections left out of section hashes when absent, so adding one to a stage's
+# sections keeps the cache keys of configs without it.
+OPTIONAL_SECTIONS = {"arms", "sweep", "quick"}
 
 
 class ConfigError(ValueError):
@@ -45,6 +49,7 @@ class SuiteConfig(_Strict):
     size: int = Field(gt=0, le=100_000)
     seed: int = 0
     params: dict[str, Any] = Field(default_factory=dict)
+    eval_only: bool = False
     # Reward rule of the suite's verifier (part of each task's verifier_spec, so frozen and hashed):
     # "fraction" = fraction of the hidden checks passed (HumanEval: the one check); "p6" = passed
     # fail-to-pass tests / their count, forced to 0 when a pass-to-pass test fails (METHODS.md P6;
@@ -299,9 +304,63 @@ class TrainConfig(_Strict):
         return self
 
 
+class ArmConfig(_Strict):
+    """One training arm (METHODS.md P4, P5): trained from the same frozen records and rollouts as
+    every other arm, with its own checkpoint ``train/checkpoints/<name>/step-<steps>``.
+
+    ``name`` names the arm's checkpoint (``base`` is the untrained policy, so it is refused);
+    ``train`` overrides are deep-merged onto the top-level ``train`` section (a nested mapping
+    such as ``kl: {estimator: k3}`` merges key by key; lists and scalars replace). The merged
+    section must be a valid :class:`TrainConfig` (checked when the config loads). With a run-level
+    ``sweep``, the arm is trained once per swept value (its own overrides win over a swept key),
+    unless ``sweep: false`` (e.g. a no-KL arm in a sweep over the KL coefficient).
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    train: dict[str, Any] = Field(default_factory=dict)
+    sweep: bool = True
+
+    @field_validator("name")
+    @classmethod
+    def _not_base(cls, v: str) -> str:
+        if v == "base":
+            raise ValueError("arms[].name='base' is reserved for the untrained policy's checkpoint")
+        return v
+
+
+def _sweep_points(sweep: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Every combination of a ``sweep`` (dotted ``train`` key -> values), in config order, as
+    ``(arm-name suffix, nested override)``: ``{"kl.beta": [0.1, 0.3]}`` gives
+    ``("-kl.beta0.1", {"kl": {"beta": 0.1}})`` and ``("-kl.beta0.3", ...)``; no sweep gives one
+    point ``("", {})``."""
+    import itertools
+
+    keys = list(sweep)
+    out = []
+    for values in itertools.product(*(sweep[k] for k in keys)):
+        point: dict[str, Any] = {}
+        for k, v in zip(keys, values):
+            node = point
+            *parents, leaf = k.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = v
+        out.append(("".join(f"-{k}{v}" for k, v in zip(keys, values)), point))
+    return out
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``over``, recursing where both values are mappings (a new dict; the
+    inputs are not changed). Any other value in ``over`` (list, scalar, None) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 class ContrastArm(_Strict):
-    """One side of a pre-registered contrast: a checkpoint name (``base``, ``final``, ...) under
-    an evaluation harness."""
+    """One side of a pre-registered contrast: a checkpoint name (``base``, ``final`` or an arm's
+    name) under an evaluation harness."""
 
     checkpoint: str = Field(min_length=1)
     harness: str = Field(min_length=1)
@@ -320,8 +379,9 @@ class EvaluateConfig(_Strict):
 
     ``harnesses`` (None: the training ``harnesses``) may name harnesses never used in training:
     those are held-out columns (freeze builds their test records only; rollout and training never
-    see them). ``contrasts`` are fixed in the plan before any attempt (None: ``final`` minus
-    ``base`` under each evaluation harness). ``min_graded_fraction``: a (checkpoint, harness) cell
+    see them). ``contrasts`` are fixed in the plan before any attempt (None: each trained
+    checkpoint, ``final`` or every arm, minus ``base`` under each evaluation harness); their
+    checkpoints must be ``base`` or an arm name (``final`` without ``arms``). ``min_graded_fraction``: a (checkpoint, harness) cell
     counts only when at least this fraction of its planned attempts were graded (not
     infra_error). ``infra_retries``: times an attempt that ended in infra_error is retried (each
     retry is a new sealed row referring to the original). Statistics: ``alpha`` (family-wise,
@@ -400,7 +460,11 @@ class AnalyzeConfig(_Strict):
     beta of the KL-soft ceiling (None: ``train.kl.beta`` when > 0, else no soft ceiling).
     ``reference``: the checkpoint whose pass rate under a harness is the harness's own (the
     predictors and the soft ceiling are taken from it). ``bootstrap_resamples`` and ``seed``: the
-    task-clustered bootstrap of the R^2 intervals, and every other random choice of the stage.
+    task-clustered bootstrap of the R^2 and pass@1 intervals, and every other random choice of
+    the stage. ``divergence_kl``: an arm whose per-token KL (nats) exceeds this at any step, or
+    whose loss, KL or gradient norm is not finite, is flagged unstable in the arm summary.
+    ``kl_check``: put P5's estimator table (``harnessrl kl-check``, by enumeration) in the report
+    beside each arm's estimator and placement.
     """
 
     ceiling_k: int = Field(default=4, ge=1)
@@ -411,10 +475,17 @@ class AnalyzeConfig(_Strict):
     leakage: LeakageConfig = Field(default_factory=LeakageConfig)
     log_odds: LogOddsConfig = Field(default_factory=LogOddsConfig)
     branching: BranchingConfig = Field(default_factory=BranchingConfig)
+    divergence_kl: float = Field(default=1.0, gt=0)
+    kl_check: bool = False
 
 
 class RunConfig(_Strict):
-    """A whole experiment: the embedded default is ``configs/default.yaml``."""
+    """A whole experiment: the embedded default is ``configs/default.yaml``.
+
+    ``arms`` (optional): several training arms from the same frozen records and rollouts, each
+    with its own checkpoint (see :class:`ArmConfig`, :meth:`arm_configs`); absent, the train
+    stage trains one adapter, checkpoint ``final``.
+    """
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seed: int = 0
@@ -426,6 +497,9 @@ class RunConfig(_Strict):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    arms: list[ArmConfig] | None = Field(default=None, min_length=1)
+    sweep: dict[str, list[Any]] | None = None
+    quick: dict[str, Any] | None = None
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     analyze: AnalyzeConfig = Field(default_factory=AnalyzeConfig)
 
@@ -461,10 +535,23 @@ class RunConfig(_Strict):
                 f"analyze.ceiling_k={self.analyze.ceiling_k} exceeds evaluate.attempts={self.evaluate.attempts}: "
                 "pass@K needs at least K attempts per task"
             )
-        if self.train.mode == "online" and self.rollout.task_runner == "dask":
-            raise ValueError("rollout.task_runner='dask' with train.mode='online': online sampling uses the trainer's "
-                             "in-memory policy, which worker processes cannot load; use task_runner 'thread' or "
-                             "'serial'")
+        if self.arms is not None:
+            names = [a.name for a in self.arms]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"arms: duplicate arm name(s) {dup}")
+        for key, values in (self.sweep or {}).items():
+            if not values or len({repr(v) for v in values}) != len(values):
+                raise ValueError(f"sweep[{key!r}]={values!r}: needs a non-empty list of distinct values")
+        for arm, tc in self.arm_configs():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", arm):
+                raise ValueError(f"sweep: arm name {arm!r} (arm + swept values) is not a valid checkpoint name; sweep "
+                                 "values must be numbers or simple words")
+            where = "train" if self.arms is None and self.sweep is None else f"arms[{arm!r}].train"
+            if tc.mode == "online" and self.rollout.task_runner == "dask":
+                raise ValueError(f"rollout.task_runner='dask' with {where}.mode='online': online sampling uses the "
+                                 "trainer's in-memory policy, which worker processes cannot load; use task_runner "
+                                 "'thread' or 'serial'")
         from tasks.harnesses.spec import HarnessError, load_harness
 
         for h in self.held_out_harnesses():
@@ -473,13 +560,57 @@ class RunConfig(_Strict):
             except HarnessError as e:
                 raise ValueError(f"evaluate.harnesses names {h!r}: {e}") from None
         evals = self.eval_harnesses()
+        ckpts = self.checkpoint_names()
         for c in self.evaluate.contrasts or []:
             for side in ("a", "b"):
                 h = getattr(c, side).harness
                 if h not in evals:
                     raise ValueError(f"evaluate.contrasts[{c.name!r}].{side}.harness={h!r} is not an evaluation "
                                      f"harness {evals}")
+                ck = getattr(c, side).checkpoint
+                if ck not in ckpts:
+                    raise ValueError(f"evaluate.contrasts[{c.name!r}].{side}.checkpoint={ck!r} is not a checkpoint "
+                                     f"of this run {ckpts}")
+        if self.analyze.reference not in ckpts:
+            raise ValueError(f"analyze.reference={self.analyze.reference!r} is not a checkpoint of this run {ckpts}")
+        for ck in self.analyze.branching.checkpoints:
+            if ck not in ckpts:
+                raise ValueError(f"analyze.branching.checkpoints names {ck!r}, not a checkpoint of this run {ckpts}")
         return self
+
+    def arm_configs(self) -> list[tuple[str, TrainConfig]]:
+        """The training arms as ``(checkpoint name, effective TrainConfig)``, in config order.
+
+        Without ``arms``: ``[("final", self.train)]``. With ``arms``: one per arm, its ``train``
+        overrides deep-merged (:func:`deep_merge`) onto the top-level ``train`` section.
+
+        Raises:
+            ValueError: an arm's merged section is not a valid TrainConfig; the message names
+                ``arms['<name>'].train.<key>``, the value and the reason.
+        """
+        if self.arms is None and self.sweep is None:
+            return [("final", self.train)]
+        base = self.train.model_dump(mode="python")
+        arms = [(a.name, a.train, a.sweep) for a in self.arms] if self.arms is not None else [("final", {}, True)]
+        out = []
+        for name, over, swept in arms:
+            for suffix, point in _sweep_points(self.sweep or {} if swept else {}):
+                merged = deep_merge(deep_merge(base, point), over)
+                try:
+                    out.append((name + suffix, TrainConfig.model_validate(merged)))
+                except ValidationError as e:
+                    msgs = []
+                    for err in e.errors():
+                        key = ".".join(str(x) for x in err["loc"])
+                        where = f"arms[{name + suffix!r}].train" + (f".{key}={err['input']!r}" if key else "")
+                        msgs.append(f"{where}: {err['msg']}")
+                    raise ValueError("; ".join(msgs)) from None
+        return out
+
+    def checkpoint_names(self) -> list[str]:
+        """Names of the checkpoints the train stage writes: ``base`` then each arm (``final``
+        without ``arms``)."""
+        return ["base", *(name for name, _ in self.arm_configs())]
 
     def eval_harnesses(self) -> list[str]:
         """The evaluation harnesses: ``evaluate.harnesses``, else the training ``harnesses``."""
@@ -490,40 +621,74 @@ class RunConfig(_Strict):
         return [h for h in self.evaluate.harnesses or [] if h not in self.harnesses]
 
     def config_hash(self) -> str:
-        """SHA-256 of the canonical JSON of the whole config."""
-        return sha256_json(self.model_dump(mode="json"))
+        """SHA-256 of the canonical JSON of the whole config (an absent optional section, ``arms`` =
+        None, left out, so configs without it keep their hash)."""
+        dump = self.model_dump(mode="json")
+        return sha256_json({k: v for k, v in dump.items() if not (k in OPTIONAL_SECTIONS and v is None)})
 
     def section_hash(self, *sections: str) -> str:
-        """SHA-256 of the named top-level sections (plus ``seed``): a stage's config cache key."""
+        """SHA-256 of the named top-level sections (plus ``seed``): a stage's config cache key.
+        An absent optional section (``arms`` = None) is left out, as if not named."""
         dump = self.model_dump(mode="json", exclude=EXECUTION_ONLY)
-        return sha256_json({"seed": self.seed, **{s: dump[s] for s in sections}})
+        return sha256_json({"seed": self.seed, **{s: dump[s] for s in sections
+                                                   if not (s in OPTIONAL_SECTIONS and dump[s] is None)}})
+
+
+def _apply_override(data: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    """Set ``dotted`` (``train.steps``, ``suites.0.size``: a number indexes a list) in ``data``.
+
+    Raises:
+        ConfigError: a parent is neither a mapping nor a list, or a list index is out of range.
+    """
+    node: Any = data
+    *parents, leaf = dotted.split(".")
+    for i, k in enumerate(parents + [leaf]):
+        last = i == len(parents)
+        if isinstance(node, list):
+            if not k.isdigit() or int(k) >= len(node):
+                raise ConfigError(f"{where}: override {dotted}={value!r}: {'.'.join((parents + [leaf])[:i + 1])!r} "
+                                  f"is not an index of a list of {len(node)}")
+            if last:
+                node[int(k)] = value
+            else:
+                node = node[int(k)]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: override {dotted}={value!r}: key {'.'.join(parents[:i])!r} is {node!r}, not "
+                              "a mapping")
+        if last:
+            node[k] = value
+        else:
+            node = node.setdefault(k, {})
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
-                model: type[RunConfig] | None = None) -> RunConfig:
+                model: type[RunConfig] | None = None, *, quick: bool = False) -> RunConfig:
     """Load and validate a run config from YAML.
 
-    ``overrides`` maps dotted keys (``"train.steps"``) to values applied before validation.
-    ``model``: the config class to validate with (default :class:`RunConfig`; a subclass such as
-    BiPA's ``BipaRunConfig`` for commands that need more sections).
+    ``overrides`` maps dotted keys (``"train.steps"``, ``"suites.0.size"``: a number indexes a
+    list) to values applied before validation. ``quick``: first apply the config's own ``quick``
+    section (dotted keys to values, e.g. fewer tasks and steps: ``harnessrl run --quick``), then
+    ``overrides``. ``model``: the config class to validate with (default :class:`RunConfig`; a
+    subclass such as BiPA's ``BipaRunConfig`` for commands that need more sections).
 
     Raises:
         ConfigError: the file is missing, is not YAML, is not a mapping, or fails validation;
-            the message names the file, the key path and the offending value.
+            ``quick`` without a ``quick`` section; the message names the file, the key path and
+            the offending value.
     """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file does not exist")
     data = load_mapping(p, ConfigError)
+    if quick:
+        q = data.get("quick")
+        if not isinstance(q, dict) or not q:
+            raise ConfigError(f"{p}: --quick needs a 'quick' section (dotted keys -> values), got {q!r}")
+        for dotted, value in q.items():
+            _apply_override(data, str(dotted), value, f"{p} (quick)")
     for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for i, k in enumerate(parents):
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{p}: override {dotted}={value!r}: key {'.'.join(parents[:i + 1])!r} is "
-                                  f"{node!r}, not a mapping")
-        node[leaf] = value
+        _apply_override(data, dotted, value, str(p))
     try:
         return (model or RunConfig).model_validate(data)
     except ValidationError as e:

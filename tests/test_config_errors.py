@@ -55,6 +55,11 @@ CASES = [
                                                                                 "train.max_len"]),
     ("ceiling-above-attempts", OK + "evaluate: {attempts: 2}\nanalyze: {ceiling_k: 4}\n", {},
      ["analyze.ceiling_k=4", "evaluate.attempts=2"]),
+    ("analyze-reference-unknown", OK + "analyze: {reference: within}\n", {}, ["analyze.reference='within'", "base"]),
+    ("branching-checkpoint-unknown", OK + "analyze: {branching: {episodes_per_harness: 1, checkpoints: [cross]}}\n",
+     {}, ["analyze.branching.checkpoints", "'cross'"]),
+    ("branching-k-above-n", OK + "analyze: {branching: {n: 2, k: 4}}\n", {}, ["analyze.branching.k=4", "n=2"]),
+    ("leakage-folds-one", OK + "analyze: {leakage: {folds: 1}}\n", {}, ["analyze.leakage.folds", "1"]),
     # a held-out evaluation harness may be absent from `harnesses`, but it must exist
     ("eval-harness-unknown", OK + "evaluate: {harnesses: [no-such-harness]}\n", {},
      ["evaluate.harnesses names 'no-such-harness'", "shipped harnesses"]),

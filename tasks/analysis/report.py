@@ -48,6 +48,10 @@ class ReportInputs:
     action_jsd: list[dict[str, Any]] = field(default_factory=list)
     figures: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    suite_pass_rates: list[dict[str, Any]] = field(default_factory=list)
+    stability: list[dict[str, Any]] = field(default_factory=list)
+    kl_check: list[dict[str, Any]] = field(default_factory=list)
+    arms: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _figure(inp: ReportInputs, name: str, caption: str) -> list[str]:
@@ -81,6 +85,21 @@ def render_report(inp: ReportInputs) -> str:
         out += [f"**Unstable:** non-finite loss, KL or gradient norm at {len(bad)} step(s): "
                 + ", ".join(f"{s.get('arm') or 'final'} step {s['step']}" for s in bad[:10]), ""]
     out += _figure(inp, "learning_curves", "learning curves")
+    if inp.stability:
+        spec = {a["arm"]: a for a in inp.arms}
+        rows = []
+        for r in inp.stability:
+            a = spec.get(r["arm"], {})
+            kl = f"{a['estimator']} in {a['placement']}, beta {a['beta']:g}" if a.get("estimator") else "none"
+            regime = (f"{a['mode']}" + (f", staleness <= {a['max_staleness']}" if a.get("max_staleness") else "")
+                      if a else "")
+            rows.append([r["arm"], a.get("algorithm", ""), kl, regime, str(r["steps"]), _f(r["first_reward"]),
+                         _f(r["final_reward"]), _f(r["final_kl"], ".5f"), _f(r["max_kl"], ".5f"),
+                         "yes" if r["stable"] else f"**no**: {r['reason']}"])
+        out += ["Training arms (stable: every loss, KL and gradient norm finite and KL below the divergence threshold):",
+                ""]
+        out += _table(["arm", "objective", "KL", "sampling", "steps", "first reward", "last reward", "last KL",
+                       "max KL", "stable"], rows, "llllrrrrrl") + [""]
 
     out += ["## Sealed evaluation", "", f"plan `{inp.plan_hash[:16]}`, chain head `{inp.seal_head[:16]}` "
             "(`harnessrl verify` recomputes both). pass@1 per checkpoint (rows) and evaluation harness (columns); "
@@ -96,6 +115,14 @@ def render_report(inp: ReportInputs) -> str:
                                 if (ck, h) in val else "" for h in hs])
         out += _table(["checkpoint"] + [f"{h} (held out)" if h in held else h for h in hs], rows) + [""]
     out += _figure(inp, "pass_rate_heatmap", "train x eval harness pass rates")
+    if inp.suite_pass_rates:
+        rows = [[r["checkpoint"], r["harness_name"], r["suite"], str(r["n_tasks"]), str(r["graded"]), _f(r["pass_at_1"]),
+                 f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]", _f(r["median_turns"], ".1f")]
+                for r in inp.suite_pass_rates]
+        out += ["Per suite (out-of-domain suites are test-only), with a 95% task-resampling bootstrap interval and the "
+                "median agent steps (turns) per graded attempt:", ""]
+        out += _table(["checkpoint", "harness", "suite", "tasks", "graded", "pass@1", "interval", "median steps"],
+                      rows, "lllrrrrr") + [""]
     if inp.eval_contrasts:
         rows = [[c["name"], f"{c['a_checkpoint']}/{c['a_harness']} - {c['b_checkpoint']}/{c['b_harness']}", c["status"],
                  str(c["n_tasks"]), _f(c["estimate"]), f"[{_f(c['ci_low'])}, {_f(c['ci_high'])}]",
@@ -103,6 +130,27 @@ def render_report(inp: ReportInputs) -> str:
         out += ["Pre-registered contrasts (task-clustered paired bootstrap, Bonferroni over the family):", ""]
         out += _table(["contrast", "a - b", "status", "tasks", "estimate", "CI", "p (Bonf.)", "MDD"], rows,
                       "lllrrrrr") + [""]
+
+    if inp.kl_check:
+        by_conf = {r["configuration"]: r for r in inp.kl_check}
+        final = {}
+        for r in inp.suite_pass_rates:
+            final.setdefault(r["checkpoint"], []).append(f"{r['suite']}: {_f(r['pass_at_1'])} "
+                                                         f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]")
+        stable = {r["arm"]: r["stable"] for r in inp.stability}
+        rows = []
+        for a in inp.arms:
+            k = by_conf.get(a["kl_config"])
+            rows.append([a["arm"], a["kl_config"] or "no KL", "n/a" if k is None else ("yes" if k["unbiased"] else "no"),
+                         "n/a" if k is None else _f(k["relative_bias"]),
+                         "n/a" if k is None else ("yes" if k["agrees_with_paper"] else "**no**"),
+                         "yes" if stable.get(a["arm"]) else "no", "; ".join(final.get(a["arm"], []))])
+        out += ["## P5: estimator table beside the arms", "",
+                "Gradient bias of each arm's KL configuration by exact enumeration on a tiny autoregressive policy "
+                "(`harnessrl kl-check`; sequence-level reverse-KL gradient), beside the arm's stability and sealed pass@1 "
+                "per suite: do the unbiased configurations also train better here?", ""]
+        out += _table(["arm", "KL configuration", "unbiased", "relative bias", "agrees with paper", "stable",
+                       "pass@1 per suite [95% interval]"], rows, "lllrlll") + [""]
 
     out += ["## P1: harness ceiling minus mismatch", ""]
     if inp.mismatch:

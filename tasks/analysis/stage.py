@@ -63,6 +63,18 @@ def leakage_rows(episodes: list[dict[str, Any]], cfg: RunConfig) -> list[dict[st
     return out
 
 
+def arm_spec(name: str, tc: Any) -> dict[str, Any]:
+    """What the report shows of a training arm: objective, KL estimator and placement, beta,
+    sampling regime, and the row of P5's estimator table (``kl_check``) that describes it."""
+    stale = tc.mode == "online" and tc.max_staleness > 0
+    kl_on = tc.kl.beta > 0
+    config = (f"{tc.kl.estimator}/{tc.kl.placement}" + ("/stale-is" if stale and tc.kl.importance_weighted else
+                                                        "/stale" if stale else "")) if kl_on else ""
+    return {"arm": name, "algorithm": tc.algorithm, "grouping": tc.grouping, "estimator": tc.kl.estimator if kl_on else "",
+            "placement": tc.kl.placement if kl_on else "", "beta": tc.kl.beta, "mode": tc.mode,
+            "max_staleness": tc.max_staleness, "importance_weighted": tc.kl.importance_weighted, "kl_config": config}
+
+
 def _trained(checkpoints: list[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
     return [c for c in checkpoints if c["name"] != reference and c["path"]]
 
@@ -198,7 +210,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         raise ValueError(f"analyze.reference={a.reference!r} is not a checkpoint of this run {sorted(names)}")
     beta = kl_beta(cfg)
     specs = harness_specs(store, inputs["harnesses"])
-    ch = cfg.section_hash("analyze", "policy", "sandbox")
+    ch = cfg.section_hash("analyze", "policy", "sandbox", "train")
     ev_in = [inputs["evaluations"]]
     notes: list[str] = []
 
@@ -231,13 +243,34 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
     labels = {e["eval_id"]: (e["checkpoint"], e["harness_name"]) for e in evals}
     jsd = jsd_table(action_distributions(store.rows(inputs["eval_turns"], contract="turns"), labels))
 
+    from tasks.analysis.arms import suite_pass_rates, training_stability
+
+    train_steps = store.rows(inputs["train_steps"])
+    suite_of = {t["task_id"]: t["suite"] for t in store.rows(inputs["tasks"])}
+    suites = suite_pass_rates(evals, suite_of, resamples=a.bootstrap_resamples, seed=a.seed)
+    stability = training_stability(train_steps, a.divergence_kl)
+    for r in stability:
+        if not r["stable"]:
+            notes.append(f"arm {r['arm']} unstable: {r['reason']}")
+    kl_rows: list[dict[str, Any]] = []
+    if a.kl_check:
+        from tasks.train.kl_check import kl_check_table
+
+        kl_rows = kl_check_table(seed=a.seed)
+
     refs = {
+        "suite_pass_rates": store.write("analyze", "suite_pass_rates", suites, inputs=[*ev_in, inputs["tasks"]],
+                                        config_hash=ch),
+        "training_stability": store.write("analyze", "training_stability", stability,
+                                          inputs=[inputs["train_steps"]], config_hash=ch),
         "mismatch": store.write("analyze", "mismatch", mismatch, inputs=ev_in, config_hash=ch),
         "predictors": store.write("analyze", "predictors", predictors, inputs=ev_in, config_hash=ch),
         "leakage": store.write("analyze", "leakage", leakage, inputs=[inputs["episodes"]], config_hash=ch),
         "action_jsd": store.write("analyze", "action_jsd", jsd, inputs=[*ev_in, inputs["eval_turns"]],
                                   config_hash=ch),
     }
+    if kl_rows:
+        refs["kl_check"] = store.write("analyze", "kl_check", kl_rows, config_hash=ch)
     if steps:
         refs["step_mismatch"] = store.write("analyze", "step_mismatch", steps, inputs=[*ev_in, inputs["eval_turns"]],
                                             config_hash=ch)
@@ -246,7 +279,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         refs["log_odds"] = store.write("analyze", "log_odds", lo_summary, inputs=lo_in, config_hash=ch)
         refs["log_odds_pairs"] = store.write("analyze", "log_odds_pairs", lo_pairs, inputs=lo_in, config_hash=ch)
 
-    tables = {"train_steps": store.rows(inputs["train_steps"]), "eval_cells": store.rows(inputs["eval_cells"]),
+    tables = {"train_steps": train_steps, "eval_cells": store.rows(inputs["eval_cells"]),
               "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd}
     figures = _figures(store, tables)
     report = render_report(ReportInputs(
@@ -256,7 +289,8 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         timing=store.manifest("train", "train_steps").get("extra", {}).get("timing", []),
         eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
         predictors=predictors, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
-        figures=figures, notes=notes))
+        figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
+        arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()]))
     store.write_text(REPORT, report)
     for r in mismatch:
         log.info("%s / %s: pass@1 %.3f, ceiling pass@%d %s, mismatch %s", r["checkpoint"], r["harness_name"],

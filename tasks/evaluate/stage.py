@@ -48,12 +48,14 @@ class _Ticker:
 
 
 def default_contrasts(checkpoints: list[dict[str, Any]], harnesses: list[str]) -> list[dict[str, Any]]:
-    """``final - base`` under each evaluation harness (none when either checkpoint is absent)."""
-    names = {c["name"] for c in checkpoints}
-    if not {"base", "final"} <= names:
+    """``<checkpoint> - base`` for every trained checkpoint (``final``, or each training arm) under
+    each evaluation harness, named ``<checkpoint>-vs-base:<harness>``, checkpoint-major in the
+    checkpoints' order (none when ``base`` is absent)."""
+    names = [c["name"] for c in checkpoints]
+    if "base" not in names:
         return []
-    return [{"name": f"final-vs-base:{h}", "a": {"checkpoint": "final", "harness": h},
-             "b": {"checkpoint": "base", "harness": h}} for h in harnesses]
+    return [{"name": f"{n}-vs-base:{h}", "a": {"checkpoint": n, "harness": h}, "b": {"checkpoint": "base", "harness": h}}
+            for n in names if n != "base" for h in harnesses]
 
 
 def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[str, Any]],

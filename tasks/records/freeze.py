@@ -53,7 +53,10 @@ def freeze_tables(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
         uniq: dict[str, Task] = {}
         for t in tasks:
             uniq.setdefault(t.task_hash, t)  # identical tasks collapse to one
-        splits = split_by_hash(list(uniq.values()), cfg.split.test_fraction)
+        if suite_cfg.eval_only:  # an out-of-domain suite: evaluated, never trained on
+            splits = {h: "test" for h in uniq}
+        else:
+            splits = split_by_hash(list(uniq.values()), cfg.split.test_fraction)
         for h in sorted(uniq):
             t = uniq[h]
             if t.task_id in seen:

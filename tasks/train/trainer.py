@@ -494,7 +494,8 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
         state_path: file for the resumable state (adapter weights, AdamW state, RNG, step, metric
             rows), rewritten every ``train.checkpoint_every`` steps. When it holds a state with the
             same ``resume_key``, training resumes after its step and ends bit-identical to an
-            uninterrupted run.
+            uninterrupted run; a state that already holds all ``train.steps`` steps skips the
+            log-prob passes and only saves its adapter.
         stop_after: raise :class:`TrainingInterrupted` after this many steps of this call.
 
     Raises:
@@ -503,10 +504,12 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
     """
     tc = cfg.train
     trainer = Trainer(cfg, model_dir, log)
-    batch = trainer.prepare(seqs, old_from=tc.old_logprobs or "recompute", version=0)
+    st = _resume(state_path, resume_key, log)
+    # a state that already holds every step needs no batch: load it and save the adapter
+    if st is None or st["version"] < tc.steps:
+        batch = trainer.prepare(seqs, old_from=tc.old_logprobs or "recompute", version=0)
     rows: list[dict[str, Any]] = []
     timing: list[dict[str, float]] = []
-    st = _resume(state_path, resume_key, log)
     if st is not None:
         trainer.load(st)
         rows, timing = st["rows"], st["timing"]

@@ -64,9 +64,9 @@ def analyzed(tmp_path_factory):
         ckpts.append({"name": name, "step": 2, "path": f"train/checkpoints/{name}/step-2",
                       "adapter_sha256": sha256_dir(ad), "base_model_id": "m"})
     refs["checkpoints"] = store.write("train", "checkpoints", ckpts)
-    steps = [{"step": s, "loss": 0.1 / s, "policy_loss": 0.1, "kl": 0.001 * s, "entropy": 1.0, "clip_frac": 0.05,
+    steps = [{"arm": a, "step": s, "loss": 0.1 / s, "policy_loss": 0.1, "kl": 0.001 * s, "entropy": 1.0, "clip_frac": 0.05,
               "grad_norm": 0.5, "reward_mean": 0.3 + 0.1 * s, "zero_adv_frac": 0.4, "lr": 1e-4, "tokens": 100,
-              "policy_version_sampled": 0, "staleness": 0} for s in (1, 2)]
+              "policy_version_sampled": 0, "staleness": 0} for a in ("within", "cross") for s in (1, 2)]
     refs["train_steps"] = store.write("train", "train_steps", steps)
     runner = ScriptedRunner(p_resolve={"direct": 0.6, "react-python": 0.3, "qwen-code-like": 0.2}, seed=1,
                             tool_harnesses=("react-python", "qwen-code-like"))

@@ -200,11 +200,18 @@ def test_evaluate_refuses_test_tasks_in_online_training_rollouts(tmp_path):
     assert not store.exists(PLAN)
 
 
-def test_a_contrast_naming_an_unknown_checkpoint_is_refused_before_the_plan(tmp_path):
-    cfg = _cfg(contrasts=[{"name": "x", "a": {"checkpoint": "step-9", "harness": "direct"},
-                           "b": {"checkpoint": "base", "harness": "direct"}}])
+def test_a_contrast_naming_an_unknown_checkpoint_is_refused(tmp_path):
+    con = [{"name": "x", "a": {"checkpoint": "step-9", "harness": "direct"},
+            "b": {"checkpoint": "base", "harness": "direct"}}]
+    with pytest.raises(ValueError, match="contrasts\\['x'\\].a.checkpoint='step-9' is not a checkpoint of this run"):
+        _cfg(contrasts=con)
+    # a config whose checkpoints the train stage's artifact lacks (an arm it never wrote) is refused before the plan
+    con[0]["a"]["checkpoint"] = "k3"
+    cfg = RunConfig.model_validate({**_cfg().model_dump(mode="json"), "arms": [{"name": "k3"}],
+                                    "evaluate": {**_cfg().evaluate.model_dump(mode="json"), "contrasts": con}})
     store, refs, *_ = _store(tmp_path, cfg)
-    with pytest.raises(ValueError, match="contrasts\\['x'\\].a.checkpoint='step-9'"):
+    with pytest.raises(ValueError, match="contrasts\\['x'\\].a.checkpoint='k3' is not a checkpoint of this run "
+                                         "\\['base', 'final'\\]"):
         run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner())
     assert not store.exists(PLAN)
 

@@ -1,0 +1,104 @@
+"""Per-arm summaries for experiments with several training arms (METHODS.md P5, P6).
+
+- :func:`suite_pass_rates`: sealed pass@1 per (checkpoint, harness, suite) with a task-resampling
+  bootstrap interval, and the median number of agent steps (turns) per graded attempt, so in-domain
+  and out-of-domain suites, and steps before and after training, read side by side.
+- :func:`training_stability`: per arm, the last and largest KL and whether training stayed
+  finite and below a divergence threshold.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from tasks.analysis.ceiling import task_outcomes
+from tasks.evaluate.stats import GRADED, final_attempts
+
+
+def suite_pass_rates(evaluations: list[dict[str, Any]], suite_of: dict[str, str], *, resamples: int, seed: int,
+                     level: float = 0.95) -> list[dict[str, Any]]:
+    """Rows ``checkpoint, harness_name, suite, n_tasks, graded, pass_at_1, ci_low, ci_high,
+    median_turns``, sorted by (checkpoint, harness, suite).
+
+    pass@1 = mean over tasks of the task's fraction of resolved graded attempts (final outcome of
+    each planned attempt; infra errors out of the denominators, timeouts failures), as in
+    ``eval_cells``. Interval: percentile bootstrap at ``level`` over tasks (``resamples`` draws
+    with replacement of the cell's tasks, numpy Generator seeded with ``seed``), i.e. sampling
+    error over tasks only. ``median_turns``: median ``num_turns`` (agent steps) over the cell's
+    graded final attempts (P6 reports the median number of agent steps before and after).
+    A cell with no graded attempt has null rates.
+
+    Args:
+        suite_of: task_id -> suite name (the ``tasks`` artifact's ``suite`` column).
+
+    Raises:
+        ValueError: ``resamples`` < 1, ``level`` outside (0, 1), a task missing from ``suite_of``,
+            or a malformed evaluation row (see :func:`tasks.analysis.ceiling.check_evaluation_rows`).
+    """
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    outcomes = task_outcomes(evaluations)
+    missing = sorted({r["task_id"] for r in evaluations} - set(suite_of))
+    if missing:
+        raise ValueError(f"task {missing[0]!r} of the evaluations is not in the tasks artifact ({len(missing)} missing)")
+    turns: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for r in final_attempts(evaluations).values():
+        if r["status"] in GRADED:
+            turns[(r["checkpoint"], r["harness_name"], suite_of[r["task_id"]])].append(int(r["num_turns"]))
+    rng = np.random.default_rng(seed)
+    tail = (1.0 - level) / 2.0
+    rows = []
+    for (ck, h), tasks in sorted(outcomes.items()):
+        by_suite: dict[str, list[float]] = defaultdict(list)
+        n_by_suite: dict[str, int] = defaultdict(int)
+        for t, (n, c, _infra) in sorted(tasks.items()):
+            n_by_suite[suite_of[t]] += 1
+            if n:
+                by_suite[suite_of[t]].append(c / n)
+        for suite in sorted(n_by_suite):
+            rates = np.asarray(by_suite.get(suite, []), dtype=np.float64)
+            row: dict[str, Any] = {"checkpoint": ck, "harness_name": h, "suite": suite, "n_tasks": n_by_suite[suite],
+                                   "graded": len(turns.get((ck, h, suite), [])), "pass_at_1": None, "ci_low": None,
+                                   "ci_high": None, "median_turns": None}
+            if rates.size:
+                boot = rates[rng.integers(0, rates.size, size=(resamples, rates.size))].mean(axis=1)
+                lo, hi = np.quantile(boot, [tail, 1.0 - tail])
+                row.update(pass_at_1=float(rates.mean()), ci_low=float(lo), ci_high=float(hi),
+                           median_turns=float(statistics.median(turns[(ck, h, suite)])))
+            rows.append(row)
+    return rows
+
+
+def training_stability(steps: list[dict[str, Any]], divergence_kl: float) -> list[dict[str, Any]]:
+    """Rows ``arm, steps, first_reward, final_reward, final_kl, max_kl, nonfinite_steps, stable,
+    reason`` per training arm (the ``arm`` column of ``train_steps``; ``final`` when absent).
+
+    An arm is unstable when any step's loss, KL or gradient norm is not finite (NaN/inf), or its
+    per-token KL (nats, the configured estimator) exceeds ``divergence_kl`` at any step; ``reason``
+    says which (empty when stable). A heuristic flag for the reader, not a test.
+    """
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in steps:
+        by[s.get("arm") or "final"].append(s)
+    out = []
+    for arm in by:
+        rs = sorted(by[arm], key=lambda r: r["step"])
+        bad = [r["step"] for r in rs if not all(math.isfinite(r[c]) for c in ("loss", "kl", "grad_norm"))]
+        kls = [r["kl"] for r in rs if math.isfinite(r["kl"])]
+        max_kl = max(kls, default=None)
+        reasons = []
+        if bad:
+            reasons.append(f"non-finite loss/KL/grad norm at step(s) {bad[:5]}")
+        if max_kl is not None and max_kl > divergence_kl:
+            reasons.append(f"KL {max_kl:.3g} > {divergence_kl:g} nats/token")
+        out.append({"arm": arm, "steps": len(rs), "first_reward": rs[0]["reward_mean"],
+                    "final_reward": rs[-1]["reward_mean"], "final_kl": rs[-1]["kl"], "max_kl": max_kl,
+                    "nonfinite_steps": len(bad), "stable": not reasons, "reason": "; ".join(reasons)})
+    return out

@@ -1,0 +1,48 @@
+"""Per-arm summaries: pass@1 per suite with intervals and median steps; training stability."""
+
+import math
+
+import pytest
+
+from tasks.analysis.arms import suite_pass_rates, training_stability
+
+
+def _row(ck, task, attempt, status, turns, retry=0, h="direct"):
+    return {"checkpoint": ck, "harness_name": h, "record_id": f"r-{task}-{h}", "task_id": task, "attempt": attempt,
+            "retry": retry, "status": status, "resolved": status == "resolved", "reward": float(status == "resolved"),
+            "num_turns": turns}
+
+
+def test_pass_rate_per_suite_with_interval_and_median_steps():
+    evals = [
+        _row("base", "a1", 0, "resolved", 2), _row("base", "a1", 1, "unresolved", 4),   # task a1: 1/2
+        _row("base", "a2", 0, "resolved", 3), _row("base", "a2", 1, "resolved", 3),     # task a2: 2/2
+        _row("base", "o1", 0, "infra_error", 9), _row("base", "o1", 0, "unresolved", 5, retry=1),  # retried: 0/1
+        _row("base", "o1", 1, "timeout", 8),                                             # timeout: a failure
+    ]
+    suite_of = {"a1": "arith", "a2": "arith", "o1": "gsm"}
+    rows = {r["suite"]: r for r in suite_pass_rates(evals, suite_of, resamples=500, seed=0)}
+    assert rows["arith"]["pass_at_1"] == pytest.approx(0.75) and rows["arith"]["n_tasks"] == 2
+    assert rows["arith"]["median_turns"] == 3.0 and rows["arith"]["graded"] == 4
+    # two tasks with rates 0.5 and 1.0: every resample mean is 0.5, 0.75 or 1.0
+    assert rows["arith"]["ci_low"] == 0.5 and rows["arith"]["ci_high"] == 1.0
+    assert rows["gsm"]["pass_at_1"] == 0.0 and rows["gsm"]["graded"] == 2 and rows["gsm"]["median_turns"] == 6.5
+    again = {r["suite"]: r for r in suite_pass_rates(evals, suite_of, resamples=500, seed=0)}
+    assert again == rows
+    with pytest.raises(ValueError, match="not in the tasks artifact"):
+        suite_pass_rates(evals, {"a1": "arith"}, resamples=10, seed=0)
+
+
+def _step(arm, step, kl, loss=0.1, reward=0.2):
+    return {"arm": arm, "step": step, "loss": loss, "kl": kl, "grad_norm": 1.0, "reward_mean": reward}
+
+
+def test_training_stability_flags_nan_and_divergence():
+    steps = [_step("ok", 1, 0.01, reward=0.1), _step("ok", 2, 0.02, reward=0.3),
+             _step("nan", 1, 0.01), _step("nan", 2, math.nan, loss=math.nan),
+             _step("big", 1, 0.5), _step("big", 2, 3.0)]
+    rows = {r["arm"]: r for r in training_stability(steps, divergence_kl=1.0)}
+    assert rows["ok"]["stable"] and rows["ok"]["reason"] == "" and rows["ok"]["final_reward"] == 0.3
+    assert rows["ok"]["first_reward"] == 0.1 and rows["ok"]["max_kl"] == 0.02
+    assert not rows["nan"]["stable"] and rows["nan"]["nonfinite_steps"] == 1 and "step(s) [2]" in rows["nan"]["reason"]
+    assert not rows["big"]["stable"] and "KL 3 > 1" in rows["big"]["reason"]
