@@ -776,6 +776,9 @@ def write_lists_file(folder: Path, lists: dict[str, Any], key: str) -> None:
                                      encoding="utf-8")
 
 
+_COMPUTED: dict[str, dict[str, Any]] = {}  # lists_key -> compute_test_lists result, this process
+
+
 def _lists_for(folder: Path, spec: dict[str, Any], workspace_files: dict[str, str]) -> dict[str, Any]:
     key = lists_key(spec, workspace_files)
     path = folder / LISTS_FILE
@@ -795,7 +798,9 @@ def _lists_for(folder: Path, spec: dict[str, Any], workspace_files: dict[str, st
                                                     "were computed (builtin: rerun generate.py; else delete the file)")
         lists = {k: d[k] for k in ("fail_to_pass", "pass_to_pass", "lists_oracle_checked")}
     else:
-        lists = compute_test_lists(spec, workspace_files)
+        if key not in _COMPUTED:  # a suite loaded twice in one process runs the tests once
+            _COMPUTED[key] = compute_test_lists(spec, workspace_files)
+        lists = dict(_COMPUTED[key])
     if len(lists["fail_to_pass"]) + len(lists["pass_to_pass"]) > MAX_P6_ENTRIES:
         raise _err(folder, "tests/", f"reward p6: {len(lists['fail_to_pass']) + len(lists['pass_to_pass'])} listed "
                                      f"tests, over {MAX_P6_ENTRIES} (their results must fit the grading run's output)")
