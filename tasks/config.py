@@ -50,9 +50,17 @@ class SuiteConfig(_Strict):
     seed: int = 0
     params: dict[str, Any] = Field(default_factory=dict)
     eval_only: bool = False
+    # Reward rule of the suite's verifier (part of each task's verifier_spec, so frozen and hashed):
+    # "fraction" = fraction of the hidden checks passed (HumanEval: the one check); "p6" = passed
+    # fail-to-pass tests / their count, forced to 0 when a pass-to-pass test fails (METHODS.md P6;
+    # terminal_bench and humaneval only; see tasks/records/suites/terminal_bench.py).
+    reward: Literal["fraction", "p6"] = "fraction"
 
     @model_validator(mode="after")
     def _check_source(self) -> "SuiteConfig":
+        if self.reward == "p6" and self.source not in ("terminal_bench", "humaneval"):
+            raise ValueError(f"suites[].reward='p6' needs per-test fail-to-pass/pass-to-pass lists, which source "
+                             f"{self.source!r} has not (only terminal_bench and humaneval)")
         if self.source == "reasoning_gym":
             from reasoning_gym.factory import DATASETS
 

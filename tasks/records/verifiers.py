@@ -89,3 +89,41 @@ def _reasoning_gym(spec: dict[str, Any], answer: str | None, ctx: GradeContext |
     if answer is None:
         return 0.0
     return min(1.0, max(0.0, float(ds.score_answer(answer, entry))))
+
+
+# ----------------------------------------------------------------------------------------------
+# the P6 reward rule (METHODS.md P6), shared by the suites that carry per-test lists
+
+REWARD_RULES = ("fraction", "p6")
+
+
+def entry_passed(entry: str, tests: dict[str, bool]) -> bool:
+    """Whether the list entry ``entry`` passed in a test run ``tests`` ({test id: passed}).
+
+    An entry names one test id exactly, or a test function whose parametrized instances are ids
+    ``entry + "[...]"``: it passes when at least one id matches and every matching id passed; an
+    entry with no matching id (its file failed to import, the run timed out) did not pass.
+    """
+    hits = [ok for tid, ok in tests.items() if tid == entry or tid.startswith(entry + "[")]
+    return bool(hits) and all(hits)
+
+
+def p6_reward(fail_to_pass: list[str], pass_to_pass: list[str], tests: dict[str, bool]) -> float:
+    """P6's reward: passed fail-to-pass tests / ``len(fail_to_pass)``, forced to 0.0 when any
+    pass-to-pass test does not pass (Mehta et al., arXiv 2610.00890, as summarized in METHODS.md P6).
+
+    ``tests``: {test id: passed} of the grading run; entries match ids by
+    :func:`entry_passed`. With an empty ``fail_to_pass`` (every hidden test already passed on
+    the untouched workspace) the reward is 1.0 iff every pass-to-pass test still passes. Returns a
+    float in [0, 1].
+
+    Raises:
+        VerifierError: both lists empty (nothing to grade by).
+    """
+    if not fail_to_pass and not pass_to_pass:
+        raise VerifierError("reward p6: the task has neither fail-to-pass nor pass-to-pass tests")
+    if not all(entry_passed(e, tests) for e in pass_to_pass):
+        return 0.0
+    if not fail_to_pass:
+        return 1.0
+    return sum(entry_passed(e, tests) for e in fail_to_pass) / len(fail_to_pass)

@@ -13,6 +13,11 @@ solution (for oracle checks). Verifier ``humaneval``: the program that human-eva
 episode's sandbox as ``python3 -s -P -`` from stdin, within ``timeout_s``; reward 1.0 when it
 finishes and prints a random per-grading token after ``check`` returned, else 0.0 (a failed
 assertion, an exception, a timeout, an early ``exit``).
+
+Reward rule ``suites[].reward: p6``: a problem's hidden test is one ``check`` function of asserts,
+so it is one test: ``fail_to_pass = ["check"]`` (it fails on the untouched prompt-only
+``solution.py``) and ``pass_to_pass = []`` -- HumanEval cannot carry pass-to-pass tests (there is
+no existing behaviour to keep), and the p6 reward equals the default one (1.0 iff ``check`` passes).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any, Iterator
 
 from tasks.config import SuiteConfig
 from tasks.records.suites.base import Task, register_loader
-from tasks.records.verifiers import GradeContext, VerifierError, register_verifier
+from tasks.records.verifiers import REWARD_RULES, GradeContext, VerifierError, p6_reward, register_verifier
 
 SOURCE = "humaneval"
 VERIFIER_KIND = "humaneval"
@@ -69,6 +74,7 @@ def load(cfg: SuiteConfig) -> Iterator[Task]:
     timeout = cfg.params.get("timeout_s", DEFAULT_TIMEOUT_S)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"suites[].params.timeout_s={timeout!r}: expected a positive number of seconds")
+    p6 = {"reward": "p6", "fail_to_pass": ["check"], "pass_to_pass": []} if cfg.reward == "p6" else {}
     for p in problems()[: cfg.size]:
         yield Task(
             task_id=p["task_id"],
@@ -77,7 +83,7 @@ def load(cfg: SuiteConfig) -> Iterator[Task]:
             verifier_kind=VERIFIER_KIND,
             verifier_spec={
                 "task_id": p["task_id"], "entry_point": p["entry_point"], "test": p["test"],
-                "canonical_solution": p["canonical_solution"], "timeout_s": float(timeout),
+                "canonical_solution": p["canonical_solution"], "timeout_s": float(timeout), **p6,
             },
             environment="workspace",
             workspace={"files": {ANSWER_FILE: p["prompt"]}, "answer_file": ANSWER_FILE},
@@ -112,7 +118,9 @@ def check_program(spec: dict[str, Any], token: str) -> str:
 
 @register_verifier(VERIFIER_KIND)
 def grade_humaneval(spec: dict[str, Any], answer: str | None, ctx: GradeContext | None) -> float:
-    """1.0 if ``solution.py`` in the episode's sandbox passes the problem's hidden test, else 0.0.
+    """1.0 if ``solution.py`` in the episode's sandbox passes the problem's hidden test, else 0.0
+    (under ``reward: "p6"`` the same value, computed by :func:`~tasks.records.verifiers.p6_reward`
+    with ``fail_to_pass = ["check"]``).
 
     ``answer`` is unused: the harness writes the reply's code to ``solution.py`` (the task's
     ``answer_file``), and the work dir is what is graded.
@@ -131,4 +139,9 @@ def grade_humaneval(spec: dict[str, Any], answer: str | None, ctx: GradeContext 
     except SandboxError as e:
         raise VerifierError(f"{spec['task_id']}: the sandbox failed while the test ran: {e}") from e
     passed = res.status == "ok" and f"{_PASS_MARK} {token}" in res.stdout.splitlines()
+    rule = spec.get("reward", "fraction")
+    if rule == "p6":
+        return p6_reward(spec["fail_to_pass"], spec["pass_to_pass"], {"check": passed})
+    if rule != "fraction":
+        raise VerifierError(f"{spec['task_id']}: reward rule {rule!r} not in {REWARD_RULES}")
     return 1.0 if passed else 0.0

@@ -48,6 +48,20 @@ runs in the same Python process as the runner, so code written to defeat this ru
 token; a ``conftest.py``/``pytest.ini`` left in /app, an early ``os._exit`` or flooding the output
 do not turn failed checks into passes.
 
+Reward rule ``suites[].reward: p6`` (METHODS.md P6; the default ``fraction`` is the rule above):
+the spec also carries ``fail_to_pass`` and ``pass_to_pass`` test ids and the reward is passed
+fail-to-pass / their count, forced to 0 when a pass-to-pass test does not pass
+(:func:`~tasks.records.verifiers.p6_reward`). The lists are a property of the task (hidden tests
+and untouched workspace), so they are computed once and frozen with it, not at every grading:
+:func:`compute_test_lists` runs the hidden tests in fresh sandboxes (never the agent's) on the
+untouched workspace and after the oracle. ``builtin``: ``generate.py`` does that and writes
+:data:`LISTS_FILE` into each task folder (reviewed in git, no sandbox needed at freeze); another
+folder: its task folders' own :data:`LISTS_FILE` when present, else computed at load (freeze) in
+a bwrap sandbox (:data:`LISTS_SANDBOX`). A :data:`LISTS_FILE` is keyed by a hash of the tests,
+oracle and workspace (:func:`lists_key`); a stale one is refused. Computing them at grading time
+instead would double the grading cost and leave them out of the frozen record (a verifier returns
+only a reward).
+
 Exercism tasks (the aider-polyglot adapter: ``tests/.meta/config.json`` with ``files.test``):
 their tests import the module from the current directory, so those test files are copied to
 ``/app/<path>`` (next to the module) before pytest runs, as the task's run-tests.sh does.
@@ -82,7 +96,7 @@ import yaml
 from tasks.config import SuiteConfig
 from tasks.hashing import jsonable
 from tasks.records.suites.base import Task, register_loader
-from tasks.records.verifiers import GradeContext, VerifierError, register_verifier
+from tasks.records.verifiers import REWARD_RULES, GradeContext, VerifierError, p6_reward, register_verifier
 
 if TYPE_CHECKING:
     from tasks.rollout.sandbox import Sandbox
@@ -146,10 +160,10 @@ def load(cfg: SuiteConfig) -> Iterator[Task]:
         raise ValueError(f"suites[].name={cfg.name!r}: folder {root} holds no task folders")
     tag = BUILTIN if cfg.name == BUILTIN else root.resolve().name
     for folder in folders[: cfg.size]:
-        yield task_from_folder(folder, tag)
+        yield task_from_folder(folder, tag, reward=cfg.reward)
 
 
-def task_from_folder(folder: Path, suite_tag: str) -> Task:
+def task_from_folder(folder: Path, suite_tag: str, reward: str = "fraction") -> Task:
     """One :class:`Task` from a TB1 or TB2 task folder (see the module docstring).
 
     ``task_id`` = ``<suite_tag>/<folder name>``, ``suite`` = ``terminal_bench/<suite_tag>``.
@@ -158,10 +172,18 @@ def task_from_folder(folder: Path, suite_tag: str) -> Task:
     text or base64), ``run`` (``[{"src": path in tests/, "at": None or the /app-relative path an
     Exercism test is copied to, "expected": static test count}]``) and ``oracle`` (None or
     ``{"entry", "files_b64", "app_files_b64", "env"}`` plus ``"exercism": {"from", "to"}``).
+    With ``reward="p6"`` the spec also has ``reward: "p6"``, ``fail_to_pass``, ``pass_to_pass``
+    (test ids, see :func:`compute_test_lists`) and ``lists_oracle_checked`` (bool): read from the folder's
+    :data:`LISTS_FILE` when it has one, else computed now by :func:`compute_test_lists` in a bwrap sandbox
+    (:data:`LISTS_SANDBOX`); with ``"fraction"`` (the default) none of these keys is there.
 
     Raises:
-        TaskFormatError: the folder breaks the format (the message names the folder and field).
+        TaskFormatError: the folder breaks the format (the message names the folder and field);
+            its :data:`LISTS_FILE` is malformed or stale; under ``p6``, no test to grade by.
+        ValueError: ``reward`` not in ``("fraction", "p6")``.
     """
+    if reward not in REWARD_RULES:
+        raise ValueError(f"suites[].reward={reward!r}: expected one of {REWARD_RULES}")
     p = _parse(folder)
     tests_text: dict[str, str] = {}
     tests_b64: dict[str, str] = {}
@@ -174,6 +196,8 @@ def task_from_folder(folder: Path, suite_tag: str) -> Task:
         "format": p.fmt, "task": folder.name, "timeout_s": p.timeout_s, "env": p.env,
         "tests": tests_text, "tests_b64": tests_b64, "run": p.run, "oracle": p.oracle,
     }
+    if reward == "p6":
+        spec.update(reward="p6", **_lists_for(folder, spec, p.workspace))
     return Task(
         task_id=f"{suite_tag}/{folder.name}",
         suite=f"{SOURCE}/{suite_tag}",
@@ -509,17 +533,30 @@ except BaseException as e:
     rc = -1
     tally.crash = repr(e)
 files = {p: {"passed": 0, "collected": 0, "collect_error": p in tally.collect_errors} for p in paths}
+src_of = dict(zip(paths, [r["src"] for r in SPEC["run"]]))
 other = {"passed": 0, "collected": 0}
+ids = {}
 for nodeid, ok in tally.tests.items():
-    f = files.get(os.path.realpath(os.path.join("/", nodeid.split("::")[0])), other)
+    path, _, rest = nodeid.partition("::")
+    real = os.path.realpath(os.path.join("/", path))
+    f = files.get(real, other)
     f["collected"] += 1
     f["passed"] += int(ok)
+    ids[(src_of[real] if real in src_of else os.path.relpath(real, tdir)) + "::" + rest] = bool(ok)
 sys.stdout.flush()
 log.flush()
-with open(os.path.join(base, "pytest.log"), "rb") as f:
-    tail = f.read()[-2000:].decode("utf-8", "replace")
-emit("HARNESSRL-TB-RESULT", {"rc": rc, "files": [files[p] for p in paths], "other": other,
-                             "crash": getattr(tally, "crash", None), "log_tail": tail})
+out = {"rc": rc, "files": [files[p] for p in paths], "other": other, "crash": getattr(tally, "crash", None)}
+if rc not in (0, 1, 5) or out["crash"]:
+    with open(os.path.join(base, "pytest.log"), "rb") as f:
+        out["log_tail"] = f.read()[-2000:].decode("utf-8", "replace")
+if SPEC["report"] == "all":
+    out["tests"] = ids
+elif SPEC["report"] is not None:  # one "1"/"0" per entry: the rule of verifiers.entry_passed
+    def entry_ok(e):
+        hits = [ok for t, ok in ids.items() if t == e or t.startswith(e + "[")]
+        return bool(hits) and all(hits)
+    out["entries"] = "".join("1" if entry_ok(e) else "0" for e in SPEC["report"])
+emit("HARNESSRL-TB-RESULT", out)
 os._exit(0)
 '''
 
@@ -536,12 +573,18 @@ def _last_marked(stdout: str, mark: str, token: str) -> dict[str, Any] | None:
     return found
 
 
-def run_tests(spec: dict[str, Any], sandbox: "Sandbox") -> dict[str, Any]:
+def run_tests(spec: dict[str, Any], sandbox: "Sandbox", report: "str | list[str] | None" = None) -> dict[str, Any]:
     """Run the task's hidden tests in ``sandbox`` (its work dir as the agent left it).
 
     Returns ``{"passed": int, "total": int, "status": "ok" | "timeout" | "died", "files": [...]}``;
     ``files`` has one ``{"src", "passed", "total", "collect_error"}`` per test file. A timeout or
     a test process that died counts every test as failed (``passed = 0``).
+    Per-test results, by test id ``<path in tests/>::<pytest node id within the file>`` (e.g.
+    ``test_outputs.py::TestX::test_y[1]``; a file that failed to collect has no ids):
+    ``report="all"`` adds ``"tests": {id: passed}`` (every id: the result line grows with the test
+    count, so the sandbox's ``output_bytes`` must hold it); ``report=[entries]`` adds
+    ``"entries": {entry: passed}`` by the rule of :func:`~tasks.records.verifiers.entry_passed`
+    (one byte per entry in the result line). On a timeout or death every entry / no id passed.
 
     Raises:
         VerifierError: pytest missing in the sandbox, the runner failing before the tests start,
@@ -551,7 +594,8 @@ def run_tests(spec: dict[str, Any], sandbox: "Sandbox") -> dict[str, Any]:
 
     token = secrets.token_hex(16)
     program = _RUNNER % {"token": token, "spec": json.dumps(
-        {"tests": spec["tests"], "tests_b64": spec["tests_b64"], "run": spec["run"], "env": spec["env"]})}
+        {"tests": spec["tests"], "tests_b64": spec["tests_b64"], "run": spec["run"], "env": spec["env"],
+         "report": report})}
     try:
         res = sandbox.exec(["python3", "-s", "-P", "-"], stdin=program, timeout_s=float(spec["timeout_s"]))
     except SandboxError as e:
@@ -567,10 +611,15 @@ def run_tests(spec: dict[str, Any], sandbox: "Sandbox") -> dict[str, Any]:
     zero = [{"src": r["src"], "passed": 0, "total": e, "collect_error": False} for r, e in zip(spec["run"], expected)]
     if result is None:
         status = "timeout" if res.status == "timeout" else "died"
-        return {"passed": 0, "total": sum(expected), "status": status, "files": zero}
+        out: dict[str, Any] = {"passed": 0, "total": sum(expected), "status": status, "files": zero}
+        if report == "all":
+            out["tests"] = {}
+        elif report is not None:
+            out["entries"] = {e: False for e in report}
+        return out
     if result["rc"] in (3, 4) or result["crash"]:
         raise VerifierError(f"terminal-bench task {spec['task']}: pytest failed to run (exit {result['rc']}, "
-                            f"{result['crash']}): {result['log_tail'][-1500:]}")
+                            f"{result['crash']}): {result.get('log_tail', '')[-1500:]}")
     files = []
     for r, e, f in zip(spec["run"], expected, result["files"]):
         if f["collect_error"]:
@@ -581,17 +630,184 @@ def run_tests(spec: dict[str, Any], sandbox: "Sandbox") -> dict[str, Any]:
     other = result["other"]
     passed = sum(f["passed"] for f in files) + other["passed"]
     total = sum(f["total"] for f in files) + other["collected"]
-    return {"passed": passed, "total": total, "status": "ok", "files": files}
+    out = {"passed": passed, "total": total, "status": "ok", "files": files}
+    if report == "all":
+        out["tests"] = dict(sorted(result["tests"].items()))
+    elif report is not None:
+        if len(result["entries"]) != len(report):
+            raise VerifierError(f"terminal-bench task {spec['task']}: {len(result['entries'])} entry results for "
+                                f"{len(report)} entries")
+        out["entries"] = {e: b == "1" for e, b in zip(report, result["entries"])}
+    return out
 
 
 @register_verifier(VERIFIER_KIND)
 def grade_terminal_bench(spec: dict[str, Any], answer: str | None, ctx: GradeContext | None) -> float:
-    """Fraction of the hidden pytest checks that pass in the episode's sandbox (``answer`` unused:
-    the work dir is what is graded). Raises VerifierError without a sandbox; see :func:`run_tests`."""
+    """The reward of the episode's sandbox (``answer`` unused: the work dir is what is graded).
+
+    Spec without ``reward`` (the default rule ``fraction``): the fraction of the hidden pytest
+    checks that pass. ``reward: "p6"``: :func:`~tasks.records.verifiers.p6_reward` over the
+    spec's ``fail_to_pass`` / ``pass_to_pass`` ids and the run's per-test results.
+
+    Raises:
+        VerifierError: no sandbox; an unknown ``reward``; see :func:`run_tests`.
+    """
     if ctx is None:
         raise VerifierError(f"verifier {VERIFIER_KIND!r} needs the episode's sandbox (ctx is None)")
+    rule = spec.get("reward", "fraction")
+    if rule not in REWARD_RULES:
+        raise VerifierError(f"terminal-bench task {spec['task']}: reward rule {rule!r} not in {REWARD_RULES}")
+    if rule == "p6":
+        entries = list(dict.fromkeys(spec["fail_to_pass"] + spec["pass_to_pass"]))
+        r = run_tests(spec, ctx.sandbox(), report=entries)
+        return p6_reward(spec["fail_to_pass"], spec["pass_to_pass"], r["entries"])
     r = run_tests(spec, ctx.sandbox())
     return r["passed"] / r["total"] if r["total"] else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# fail-to-pass / pass-to-pass lists (reward rule p6)
+
+MAX_P6_ENTRIES = 2000  # listed tests per task: one byte each in a result line that sandbox.output_bytes (4096) cuts
+LISTS_FILE = "harnessrl-tests.json"  # sidecar in a task folder (not a task file: the loader never shows it)
+# SandboxConfig fields for compute_test_lists at load: room for every test id in the result line
+LISTS_SANDBOX = {"backend": "bwrap", "wall_s": 60.0, "cpu_s": 60, "output_bytes": 16 << 20, "output_kill_bytes": 32 << 20}
+
+
+def lists_key(spec: dict[str, Any], workspace_files: dict[str, str]) -> str:
+    """SHA-256 of what the lists depend on (hidden tests, how they run, the oracle, the untouched
+    workspace): a :data:`LISTS_FILE` whose ``key`` differs is stale."""
+    from tasks.hashing import sha256_json
+
+    return sha256_json({k: spec[k] for k in ("tests", "tests_b64", "run", "env", "oracle")} | {"workspace": workspace_files})
+
+
+def static_test_ids(tree: ast.Module) -> list[str]:
+    """Test function ids (``name`` / ``Class::name``) pytest would collect from a module, read from
+    its syntax tree (the same rules as :func:`static_test_count`); parametrized instances are
+    covered by the function id (see :func:`~tasks.records.verifiers.entry_passed`)."""
+    out: list[str] = []
+
+    def walk(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                out.append(prefix + node.name)
+            elif isinstance(node, ast.ClassDef) and not prefix:
+                bases = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+                has_init = any(isinstance(s, ast.FunctionDef) and s.name == "__init__" for s in node.body)
+                if any(b.endswith("TestCase") for b in bases) or (node.name.startswith("Test") and not has_init):
+                    walk(node.body, node.name + "::")
+
+    walk(tree.body, "")
+    return out
+
+
+def _fresh_run(spec: dict[str, Any], files: dict[str, str], sandbox_cfg: Any, oracle: bool) -> dict[str, Any]:
+    from pathlib import PurePosixPath
+
+    from tasks.rollout.sandbox import make_sandbox
+
+    sb = make_sandbox(sandbox_cfg)
+    try:
+        dirs = sorted({str(PurePosixPath(p).parent) for p in files} - {"."})
+        if dirs:  # made by the sandbox user first, as the episode's set-up does
+            r = sb.exec(["mkdir", "-p", "--", *dirs])
+            if r.status != "ok":
+                raise VerifierError(f"terminal-bench task {spec['task']}: mkdir in the sandbox: {r.combined_output()}")
+        for path, text in sorted(files.items()):
+            sb.write_file(path, text)
+        if oracle:
+            run_oracle(spec, sb, timeout_s=float(spec["timeout_s"]))
+        return run_tests(spec, sb, report="all")
+    finally:
+        sb.cleanup()
+
+
+def compute_test_lists(spec: dict[str, Any], workspace_files: dict[str, str], sandbox_cfg: Any = None) -> dict[str, Any]:
+    """Fail-to-pass and pass-to-pass test ids of one task, by running its hidden tests in fresh
+    sandboxes: once on the untouched workspace, and once after the oracle when the task has one.
+
+    ``sandbox_cfg``: a :class:`~tasks.config.SandboxConfig` (None: :data:`LISTS_SANDBOX`). Never
+    the agent's sandbox: these sandboxes are made here and removed after the run.
+    With an oracle that runs: ``fail_to_pass`` = ids that pass after the oracle and did not pass
+    on the untouched workspace (a file that failed to import there counts all its tests as not
+    passed), ``pass_to_pass`` = ids that pass both times; ids that fail after the oracle are in
+    neither list (no policy can be asked to pass them), as SWE-bench builds its lists from the gold
+    patch. Without an oracle, or when it fails (e.g. it needs a tool the sandbox lacks):
+    ``fail_to_pass`` = ids not passing on the untouched workspace, plus the static function ids
+    (:func:`static_test_ids`) of files that failed to import there; ``pass_to_pass`` = ids passing.
+    Returns ``{"fail_to_pass": [ids, sorted], "pass_to_pass": [...], "lists_oracle_checked": bool}``.
+
+    Raises:
+        VerifierError: the tests cannot run (see :func:`run_tests`); the untouched run timed out.
+    """
+    from tasks.config import SandboxConfig
+
+    cfg = sandbox_cfg or SandboxConfig(**LISTS_SANDBOX)
+    before = _fresh_run(spec, workspace_files, cfg, oracle=False)
+    if before["status"] != "ok":
+        raise VerifierError(f"terminal-bench task {spec['task']}: the hidden tests {before['status']} on the "
+                            "untouched workspace; no fail-to-pass/pass-to-pass lists")
+    after = None
+    if spec.get("oracle"):
+        try:
+            after = _fresh_run(spec, workspace_files, cfg, oracle=True)
+        except (RuntimeError, ValueError):  # the oracle script failed or cannot run here (VerifierError too)
+            after = None
+        if after is not None and after["status"] != "ok":
+            after = None
+    b = before["tests"]
+    if after is not None:
+        passing = [t for t, ok in after["tests"].items() if ok]
+        f2p = [t for t in passing if not b.get(t, False)]
+        p2p = [t for t in passing if b.get(t, False)]
+    else:
+        f2p = [t for t, ok in b.items() if not ok]
+        p2p = [t for t, ok in b.items() if ok]
+        for r, f in zip(spec["run"], before["files"]):
+            if f["collect_error"]:
+                f2p += [f"{r['src']}::{n}" for n in static_test_ids(ast.parse(spec["tests"][r["src"]]))]
+    return {"fail_to_pass": sorted(f2p), "pass_to_pass": sorted(p2p), "lists_oracle_checked": after is not None}
+
+
+def write_lists_file(folder: Path, lists: dict[str, Any], key: str) -> None:
+    """Write ``folder/LISTS_FILE`` (canonical JSON, sorted keys, trailing newline)."""
+    (folder / LISTS_FILE).write_text(json.dumps({"key": key, **lists}, indent=1, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+
+
+_COMPUTED: dict[str, dict[str, Any]] = {}  # lists_key -> compute_test_lists result, this process
+
+
+def _lists_for(folder: Path, spec: dict[str, Any], workspace_files: dict[str, str]) -> dict[str, Any]:
+    key = lists_key(spec, workspace_files)
+    path = folder / LISTS_FILE
+    if path.is_file():
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise _err(folder, LISTS_FILE, f"not valid JSON: {e}") from None
+        want = {"key", "fail_to_pass", "pass_to_pass", "lists_oracle_checked"}
+        if not isinstance(d, dict) or set(d) != want:
+            raise _err(folder, LISTS_FILE, f"expected exactly the keys {sorted(want)}")
+        for k in ("fail_to_pass", "pass_to_pass"):
+            if not isinstance(d[k], list) or not all(isinstance(t, str) for t in d[k]):
+                raise _err(folder, f"{LISTS_FILE}:{k}", f"{d[k]!r} is not a list of test ids")
+        if d["key"] != key:
+            raise _err(folder, f"{LISTS_FILE}:key", "stale: the tests, oracle or workspace changed since the lists "
+                                                    "were computed (builtin: rerun generate.py; else delete the file)")
+        lists = {k: d[k] for k in ("fail_to_pass", "pass_to_pass", "lists_oracle_checked")}
+    else:
+        if key not in _COMPUTED:  # a suite loaded twice in one process runs the tests once
+            _COMPUTED[key] = compute_test_lists(spec, workspace_files)
+        lists = dict(_COMPUTED[key])
+    if len(lists["fail_to_pass"]) + len(lists["pass_to_pass"]) > MAX_P6_ENTRIES:
+        raise _err(folder, "tests/", f"reward p6: {len(lists['fail_to_pass']) + len(lists['pass_to_pass'])} listed "
+                                     f"tests, over {MAX_P6_ENTRIES} (their results must fit the grading run's output)")
+    if not lists["fail_to_pass"] and not lists["pass_to_pass"]:
+        raise _err(folder, "tests/", "reward p6: no test passes after the oracle, so there is no "
+                                     "fail-to-pass or pass-to-pass test to grade by")
+    return lists
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1276,3 +1276,17 @@ find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | while IFS= re
 mv /tmp/SHA256SUMS.tmp SHA256SUMS
 echo $(( $(find . -type f ! -name SHA256SUMS -printf '%s+')0 )) > ../release_size.txt
 """, tags=["checksum", "sha256sum"], category="file-operations")
+
+# fail-to-pass / pass-to-pass lists (reward rule p6) -------------------------------------------
+# Each task's hidden tests run in fresh bwrap sandboxes on the untouched workspace and after the
+# oracle (terminal_bench.compute_test_lists); the lists go to harnessrl-tests.json in the task
+# folder, keyed by a hash of the tests, oracle and workspace, which the loader checks. Computed
+# here once rather than at every freeze or grading: the builtin tasks are fixed, and the lists are
+# then reviewed in git like the tests themselves.
+import sys
+sys.path.insert(0, str(ROOT.parents[3]))
+from tasks.records.suites import terminal_bench as _tb  # noqa: E402
+for _d in sorted(p for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    _t = _tb.task_from_folder(_d, _tb.BUILTIN)
+    _files = _t.workspace["files"]
+    _tb.write_lists_file(_d, _tb.compute_test_lists(_t.verifier_spec, _files), _tb.lists_key(_t.verifier_spec, _files))
