@@ -2,7 +2,7 @@
 the mesh against majority and confidence-weighted vote, the collusion experiment, and the report.
 
 1. **Proposals**: ``train_samples`` per training problem and ``samples`` (K) per test problem
-   from the base policy (sample j with seed ``seed_from(seed, "talkmesh", split) + j``); graded by
+   from the base policy (one engine call per split, seeded by ``seed_from(seed, "talkmesh", split)``); graded by
    the task's verifier (correct iff reward 1.0).
 2. **Confidence head** (:mod:`tasks.talkmesh.calibration`): fitted on the training proposals
    with a parsable answer; reliability bins, ECE and Brier score on train and test.

@@ -69,11 +69,13 @@ class LMTalk:
         return self.chat.initial(self.spec.system_prompt, self.spec.instance_template.format(instruction=p.question))
 
     def propose(self, problems: Sequence[Problem], k: int, seed: int) -> list[list[Output]]:
-        """``[P][k]`` proposals: sample j of every problem is drawn with seed ``seed + j`` (one
-        batched call per j), so the first N of k samples are the same for any k >= N."""
+        """``[P][k]`` proposals in one engine call whose prompt ``j * P + i`` is sample j of
+        problem i (engines seed each prompt by its index, e.g. vLLM's ``seed_from(seed, index)``,
+        so with vLLM the first N of k samples are the same for any k >= N)."""
         prompts = [self.proposal_prompt(p) for p in problems]
-        cols = [self._run(prompts, self.proposal_sampling, seed + j) for j in range(k)]
-        return [[cols[j][i] for j in range(k)] for i in range(len(problems))]
+        flat = self._run(prompts * k, self.proposal_sampling, seed)
+        n = len(problems)
+        return [[flat[j * n + i] for j in range(k)] for i in range(n)]
 
     def hints(self, items: Sequence[tuple[Problem, Output]], seed: int) -> list[Output]:
         prompts = [self.chat.initial(HINT_SYSTEM, HINT_USER.format(question=p.question,
