@@ -34,7 +34,7 @@ from schemas import ArtifactRef, ArtifactStore
 from tasks.hashing import seed_from
 from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the contracts)
 from tasks.talkmesh.config import TalkMeshRunConfig
-from tasks.talkmesh.protocol import MeshResult, MeshSettings, Output, Problem, run_mesh
+from tasks.talkmesh.protocol import MeshResult, MeshSettings, Output, Problem, run_mesh, weighted_vote
 
 log = logging.getLogger("harnessrl.talkmesh")
 
@@ -256,8 +256,6 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                 hits = 0
                 for p, row in zip(test_p, agents_test):
                     votes = [(poison[p.problem_id] if i in coll else o.answer, 1.0) for i, o in enumerate(row)]
-                    from tasks.talkmesh.protocol import weighted_vote
-
                     hits += grader(p, weighted_vote(votes))
                 summary.append({"condition": f"collusion-m{m}-majority", "agents": tm.agents, "colluders": m,
                                 "defended": False, "talk": "none", "problems": len(test_p),
