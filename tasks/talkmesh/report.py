@@ -29,6 +29,7 @@ def plot_png(curves: list[dict[str, Any]], summary: list[dict[str, Any]]) -> byt
         if r["colluders"] == 0:
             ax.plot([r["outputs_spent"]], [r["accuracy"]], "*", markersize=12, label=r["condition"])
     ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("outputs spent per problem")
     ax.set_ylabel("accuracy (test problems)")
     ax.grid(True, alpha=0.3)
