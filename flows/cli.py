@@ -277,5 +277,36 @@ def bipa(
     typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
 
 
+
+
+@app.command("talkmesh")
+def talkmesh(
+    config: Path = typer.Option(..., "--config", "-c", help="a TalkMesh run config (e.g. configs/talkmesh-small.yaml)"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default RUN_ROOT/NAME-CONFIGHASH)"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set talkmesh.agents=4"),
+) -> None:
+    """P3 (TalkMesh): confidence head, talk-policy GRPO, the mesh against majority and
+    confidence-weighted vote, collusion; tables, talkmesh/report.md and a plot in the run folder."""
+    from tasks.config import ConfigError
+    from tasks.talkmesh.config import load_talkmesh_config
+
+    try:
+        cfg = load_talkmesh_config(config, _parse_sets(set_))
+    except ConfigError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
+    rd.mkdir(parents=True, exist_ok=True)
+    Path(cfg.run_root).mkdir(parents=True, exist_ok=True)
+    prepare_environment(Path(cfg.run_root))
+    _quiet_libraries()
+    from flows.talkmesh import talkmesh_flow
+
+    t0 = time.perf_counter()
+    talkmesh_flow(cfg, str(rd))
+    typer.echo((rd / "talkmesh" / "report.md").read_text())
+    typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

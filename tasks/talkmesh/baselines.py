@@ -1,0 +1,60 @@
+"""Sampling baselines of the TalkMesh evaluation: majority vote and confidence-weighted vote over
+k samples, k = 1..K, as accuracy against outputs spent (k outputs for k samples).
+
+Accuracy at k is averaged over ``resamples`` orderings of each problem's K samples (ordering 0 is
+the sampled order, the others are seeded permutations): the first k of an ordering are the k
+samples. Votes ignore unparsable answers; ties go to the answer seen first (in that ordering).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Sequence
+
+from tasks.talkmesh.protocol import weighted_vote
+
+
+def vote_curves(answers: Sequence[Sequence[str | None]], confidences: Sequence[Sequence[float]],
+                correct: Sequence[dict[str | None, bool]], *, k_max: int, resamples: int = 1,
+                seed: int = 0) -> list[dict[str, Any]]:
+    """Rows ``{"method", "k", "outputs_spent", "accuracy", "problems"}`` for ``method`` in
+    (``majority``, ``confidence_weighted``) and k = 1..``k_max``.
+
+    Args:
+        answers: ``[P][K]`` parsed answers of each problem's samples (None: unparsable).
+        confidences: ``[P][K]`` confidence-head scores of those answers.
+        correct: per problem, answer -> graded correct (every answer that occurs; None -> False).
+        k_max: largest k (<= K).
+        resamples: orderings averaged (>= 1).
+
+    Raises:
+        ValueError: ragged or mismatched inputs, ``k_max`` outside [1, K], ``resamples`` < 1.
+    """
+    if not answers:
+        raise ValueError("vote_curves: no problems")
+    big_k = len(answers[0])
+    if any(len(a) != big_k for a in answers) or len(confidences) != len(answers) or \
+            any(len(c) != big_k for c in confidences) or len(correct) != len(answers):
+        raise ValueError("vote_curves: answers, confidences and correct must all be [P][K] with one K")
+    if not 1 <= k_max <= big_k:
+        raise ValueError(f"vote_curves: k_max={k_max} is outside [1, K={big_k}]")
+    if resamples < 1:
+        raise ValueError(f"vote_curves: resamples={resamples} must be >= 1")
+    rng = random.Random(seed)
+    orders = [list(range(big_k))]
+    for _ in range(resamples - 1):
+        o = list(range(big_k))
+        rng.shuffle(o)
+        orders.append(o)
+    rows = []
+    for method in ("majority", "confidence_weighted"):
+        for k in range(1, k_max + 1):
+            hits = 0.0
+            for p in range(len(answers)):
+                for o in orders:
+                    idx = o[:k]
+                    votes = [(answers[p][j], 1.0 if method == "majority" else confidences[p][j]) for j in idx]
+                    hits += bool(correct[p].get(weighted_vote(votes), False))
+            rows.append({"method": method, "k": k, "outputs_spent": float(k),
+                         "accuracy": hits / (len(answers) * len(orders)), "problems": len(answers)})
+    return rows

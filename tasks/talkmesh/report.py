@@ -1,0 +1,91 @@
+"""The Markdown report and the accuracy-vs-outputs plot of a TalkMesh run (``<run>/talkmesh/``)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from tasks.talkmesh.config import TalkMeshRunConfig
+
+
+def _f(x: float | None, d: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{d}f}"
+
+
+def plot_png(curves: list[dict[str, Any]], summary: list[dict[str, Any]]) -> bytes:
+    """PNG bytes: accuracy against outputs spent per problem for majority vote and
+    confidence-weighted vote (lines, k = 1..K) and each mesh condition without colluders (points).
+    Deterministic (no timestamp or software tag in the PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for method, style in (("majority", "-o"), ("confidence_weighted", "-s")):
+        pts = sorted((r["outputs_spent"], r["accuracy"]) for r in curves if r["method"] == method)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, markersize=3, label=method.replace("_", "-") + " vote")
+    for r in summary:
+        if r["colluders"] == 0:
+            ax.plot([r["outputs_spent"]], [r["accuracy"]], "*", markersize=12, label=r["condition"])
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("outputs spent per problem")
+    ax.set_ylabel("accuracy (test problems)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def report_markdown(cfg: TalkMeshRunConfig, curves: list[dict[str, Any]], summary: list[dict[str, Any]],
+                    calib: list[dict[str, Any]], talk_rows: list[dict[str, Any]], train_steps: list[dict[str, Any]],
+                    timing: dict[str, float]) -> str:
+    """The report: the mesh and baselines table, the vote curve at a few k, the head's
+    calibration, the talk training batch and steps, and the wall-clock timing."""
+    tm = cfg.talkmesh
+    acc = {(r["method"], r["k"]): r["accuracy"] for r in curves}
+    out = [f"# TalkMesh ({cfg.name})", "",
+           f"Policy `{cfg.policy.model}` (engine {cfg.policy.engine}), harness `{tm.harness}`; {tm.agents} agents, "
+           f"topology {tm.topology}" + (f" (degree {tm.degree})" if tm.topology == "regular" else "") +
+           f", {tm.rounds} talk round(s), revise below confidence {tm.threshold}; {tm.train_problems} training and "
+           f"{tm.test_problems} test problems; K = {tm.samples} samples per test problem.", "",
+           "## Mesh and baselines (test problems)", "",
+           "| condition | talk | colluders | defended | accuracy | outputs/problem | consensus | revisions | kept | "
+           "hints ignored |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+        out.append(f"| {r['condition']} | {r['talk']} | {r['colluders']} | {'yes' if r['defended'] else 'no'} | "
+                   f"{_f(r['accuracy'])} | {_f(r['outputs_spent'], 1)} | {_f(r['consensus_rate'])} | {r['revisions']} "
+                   f"| {r['kept']} | {r['hints_ignored']} |")
+    ks = sorted({k for k in (1, 2, 3, 4, 6, 8, 16, 32, tm.agents, tm.samples) if k <= tm.samples})
+    out += ["", "## Vote over k samples (accuracy; outputs spent = k)", "",
+            "| k | " + " | ".join(str(k) for k in ks) + " |", "|---|" + "---|" * len(ks),
+            "| majority | " + " | ".join(_f(acc[("majority", k)]) for k in ks) + " |",
+            "| confidence-weighted | " + " | ".join(_f(acc[("confidence_weighted", k)]) for k in ks) + " |",
+            "", "Plot: `accuracy_vs_outputs.png`.", "", "## Confidence head calibration", ""]
+    for split in ("train", "test"):
+        rows = [r for r in calib if r["split"] == split]
+        if rows:
+            n = sum(r["n"] for r in rows)
+            out.append(f"- {split}: {n} answers, ECE ({tm.head.bins} equal-width bins) {_f(rows[0]['ece'])}, "
+                       f"Brier {_f(rows[0]['brier'])}")
+    out += ["", "| split | bin | n | mean confidence | accuracy |", "|---|---|---|---|---|"]
+    out += [f"| {r['split']} | [{r['lo']:.1f}, {r['hi']:.1f}) | {r['n']} | {_f(r['mean_confidence'])} | "
+            f"{_f(r['accuracy'])} |" for r in calib if r["n"]]
+    if tm.train_talk:
+        rev = [r["reward"] for r in talk_rows if r["kind"] == "revision"]
+        hin = [r["reward"] for r in talk_rows if r["kind"] == "hint"]
+        out += ["", "## Talk policy GRPO", "",
+                f"{len(rev)} revision and {len(hin)} hint sequences; mean reward (1[revision correct] - 1[proposal "
+                f"correct]): revisions {_f(sum(rev) / len(rev) if rev else None)}, hints "
+                f"{_f(sum(hin) / len(hin) if hin else None)}; {len(train_steps)} optimizer step(s) "
+                f"({cfg.train.algorithm}, lr {cfg.train.lr}).", ""]
+        if train_steps:
+            out += ["| step | loss | grad norm | zero-advantage groups |", "|---|---|---|---|"]
+            out += [f"| {s['step']} | {s['loss']:.4f} | {s['grad_norm']:.3f} | {s['zero_adv_frac']:.2f} |"
+                    for s in train_steps]
+    out += ["", "## Wall clock", "", " ".join(f"{k} {v:.1f} s;" for k, v in timing.items()), ""]
+    return "\n".join(out)
