@@ -4,13 +4,11 @@ acceptance-rule replay, the episode graph and the report (one Prefect task; see
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 
-from flows.common import call_stage
-from flows.stages import freeze_task
+from flows.stages import freeze_then
 from schemas import ArtifactRef, ArtifactStore
 from tasks.bipa.config import BipaRunConfig
 
@@ -39,9 +37,4 @@ def bipa_task(run_dir: str, cfg: BipaRunConfig, frozen: dict[str, ArtifactRef]) 
 def bipa_flow(cfg: BipaRunConfig, run_dir: str, force_freeze: bool = False) -> dict[str, Any]:
     """Freeze (cached by content like the pipeline's), then the BiPA task. Returns
     ``{"freeze": refs, "bipa": refs, "seconds": wall-clock seconds of the BiPA task}``."""
-    frozen, _ = call_stage(freeze_task, run_dir, cfg, {}, force_freeze)
-    t0 = time.perf_counter()
-    refs = bipa_task(run_dir, cfg, frozen)
-    seconds = time.perf_counter() - t0
-    get_run_logger().info("bipa: %.1f s -> %s", seconds, ", ".join(f"{k} ({v.rows} rows)" for k, v in refs.items()))
-    return {"freeze": frozen, "bipa": refs, "seconds": seconds}
+    return freeze_then("bipa", bipa_task, run_dir, cfg, force_freeze)

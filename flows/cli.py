@@ -264,19 +264,24 @@ def bipa(
     except ConfigError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2)
+    _run_experiment(cfg, run_dir, "bipa")
+
+
+def _run_experiment(cfg: Any, run_dir: Optional[Path], name: str) -> None:
+    """Run ``flows.<name>.<name>_flow`` (a command of its own beside the pipeline: ``bipa``,
+    ``talkmesh``) in ``run_dir`` (default RUN_ROOT/NAME-CONFIGHASH), then print its
+    ``<name>/report.md``, the run folder and the wall time."""
+    import importlib
+
     rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
     rd.mkdir(parents=True, exist_ok=True)
-    Path(cfg.run_root).mkdir(parents=True, exist_ok=True)  # the Prefect home lives there, also with --run-dir
     prepare_environment(Path(cfg.run_root))
     _quiet_libraries()
-    from flows.bipa import bipa_flow
-
+    run_flow = getattr(importlib.import_module(f"flows.{name}"), f"{name}_flow")
     t0 = time.perf_counter()
-    bipa_flow(cfg, str(rd))
-    typer.echo((rd / "bipa" / "report.md").read_text())
+    run_flow(cfg, str(rd))
+    typer.echo((rd / name / "report.md").read_text())
     typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
-
-
 
 
 @app.command("talkmesh")
@@ -295,17 +300,7 @@ def talkmesh(
     except ConfigError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2)
-    rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
-    rd.mkdir(parents=True, exist_ok=True)
-    Path(cfg.run_root).mkdir(parents=True, exist_ok=True)
-    prepare_environment(Path(cfg.run_root))
-    _quiet_libraries()
-    from flows.talkmesh import talkmesh_flow
-
-    t0 = time.perf_counter()
-    talkmesh_flow(cfg, str(rd))
-    typer.echo((rd / "talkmesh" / "report.md").read_text())
-    typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
+    _run_experiment(cfg, run_dir, "talkmesh")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -33,6 +33,18 @@ def _timed(stage: str, task: Any, run_dir: str, cfg: RunConfig, inputs: dict[str
     return {"outputs": outputs, "state": state, "seconds": seconds}
 
 
+def freeze_then(name: str, task_: Any, run_dir: str, cfg: RunConfig, force_freeze: bool = False) -> dict[str, Any]:
+    """The body of an experiment flow beside the pipeline (call inside a flow): freeze, cached by
+    content like the pipeline's, then ``task_(run_dir, cfg, frozen)``. Returns ``{"freeze": refs,
+    name: refs, "seconds": wall-clock seconds of the task}``."""
+    frozen, _ = call_stage(freeze_task, run_dir, cfg, {}, force_freeze)
+    t0 = time.perf_counter()
+    refs = task_(run_dir, cfg, frozen)
+    seconds = time.perf_counter() - t0
+    get_run_logger().info("%s: %.1f s -> %s", name, seconds, ", ".join(f"{k} ({v.rows} rows)" for k, v in refs.items()))
+    return {"freeze": frozen, name: refs, "seconds": seconds}
+
+
 @flow(name="freeze")
 def freeze_flow(run_dir: str, cfg: RunConfig, force: bool = False) -> dict[str, Any]:
     """Task suites x harness specs become content-addressed, split, frozen task-harness records."""

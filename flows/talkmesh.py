@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 
-from flows.common import call_stage
-from flows.stages import freeze_task
+from flows.stages import freeze_then
 from schemas import ArtifactRef, ArtifactStore
 from tasks.talkmesh.config import TalkMeshRunConfig
 
@@ -28,9 +26,4 @@ def talkmesh_task(run_dir: str, cfg: TalkMeshRunConfig, frozen: dict[str, Artifa
 def talkmesh_flow(cfg: TalkMeshRunConfig, run_dir: str, force_freeze: bool = False) -> dict[str, Any]:
     """Freeze (cached by content like the pipeline's), then the TalkMesh task. Returns
     ``{"freeze": refs, "talkmesh": refs, "seconds": wall-clock seconds of the TalkMesh task}``."""
-    frozen, _ = call_stage(freeze_task, run_dir, cfg, {}, force_freeze)
-    t0 = time.perf_counter()
-    refs = talkmesh_task(run_dir, cfg, frozen)
-    seconds = time.perf_counter() - t0
-    get_run_logger().info("talkmesh: %.1f s -> %s", seconds, ", ".join(f"{k} ({v.rows} rows)" for k, v in refs.items()))
-    return {"freeze": frozen, "talkmesh": refs, "seconds": seconds}
+    return freeze_then("talkmesh", talkmesh_task, run_dir, cfg, force_freeze)
