@@ -76,11 +76,18 @@ def suite_pass_rates(evaluations: list[dict[str, Any]], suite_of: dict[str, str]
     return rows
 
 
+def nonfinite_step(row: dict[str, Any]) -> bool:
+    """True when a ``train_steps`` row's loss or gradient norm is NaN/inf, or its KL is infinite.
+    A NaN KL alone is not instability: the trainer writes NaN where no KL is computed (beta 0)."""
+    return (not all(math.isfinite(row[c]) for c in ("loss", "grad_norm"))) or math.isinf(row["kl"])
+
+
 def training_stability(steps: list[dict[str, Any]], divergence_kl: float) -> list[dict[str, Any]]:
     """Rows ``arm, steps, first_reward, final_reward, final_kl, max_kl, nonfinite_steps, stable,
     reason`` per training arm (the ``arm`` column of ``train_steps``; ``final`` when absent).
 
-    An arm is unstable when any step's loss, KL or gradient norm is not finite (NaN/inf), or its
+    An arm is unstable when any step's loss or gradient norm is not finite (NaN/inf) or its KL is
+    infinite (:func:`nonfinite_step`; a NaN KL means not computed, beta 0), or its
     per-token KL (nats, the configured estimator) exceeds ``divergence_kl`` at any step; ``reason``
     says which (empty when stable). A heuristic flag for the reader, not a test.
     """
@@ -90,7 +97,7 @@ def training_stability(steps: list[dict[str, Any]], divergence_kl: float) -> lis
     out = []
     for arm in by:
         rs = sorted(by[arm], key=lambda r: r["step"])
-        bad = [r["step"] for r in rs if not all(math.isfinite(r[c]) for c in ("loss", "kl", "grad_norm"))]
+        bad = [r["step"] for r in rs if nonfinite_step(r)]
         kls = [r["kl"] for r in rs if math.isfinite(r["kl"])]
         max_kl = max(kls, default=None)
         reasons = []

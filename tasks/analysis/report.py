@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.analysis.arms import nonfinite_step
+
 
 def _f(x: Any, fmt: str = ".3f") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -80,7 +82,7 @@ def render_report(inp: ReportInputs) -> str:
                      _f(tps.get((arm, s["step"])), ".0f")])
     out += _table(["arm", "step", "reward", "loss", "KL", "entropy", "clip frac", "zero-adv frac", "grad norm",
                    "tokens/s"], rows, "lr" + "r" * 8) + [""]
-    bad = [s for s in inp.train_steps if not all(math.isfinite(s[c]) for c in ("loss", "kl", "grad_norm"))]
+    bad = [s for s in inp.train_steps if nonfinite_step(s)]
     if bad:
         out += [f"**Unstable:** non-finite loss, KL or gradient norm at {len(bad)} step(s): "
                 + ", ".join(f"{s.get('arm') or 'final'} step {s['step']}" for s in bad[:10]), ""]

@@ -46,3 +46,15 @@ def test_training_stability_flags_nan_and_divergence():
     assert rows["ok"]["first_reward"] == 0.1 and rows["ok"]["max_kl"] == 0.02
     assert not rows["nan"]["stable"] and rows["nan"]["nonfinite_steps"] == 1 and "step(s) [2]" in rows["nan"]["reason"]
     assert not rows["big"]["stable"] and "KL 3 > 1" in rows["big"]["reason"]
+
+
+def test_training_stability_nan_kl_without_kl_term_is_stable_but_inf_kl_is_not():
+    """The trainer writes KL NaN when no KL is computed (beta 0): not instability. An infinite KL
+    or a NaN gradient norm is."""
+    steps = [_step("nokl", 1, math.nan), _step("nokl", 2, math.nan),
+             _step("infkl", 1, math.inf),
+             {**_step("nangrad", 1, math.nan), "grad_norm": math.nan}]
+    rows = {r["arm"]: r for r in training_stability(steps, divergence_kl=1.0)}
+    assert rows["nokl"]["stable"] and rows["nokl"]["max_kl"] is None and rows["nokl"]["nonfinite_steps"] == 0
+    assert not rows["infkl"]["stable"] and rows["infkl"]["nonfinite_steps"] == 1
+    assert not rows["nangrad"]["stable"] and "step(s) [1]" in rows["nangrad"]["reason"]
