@@ -63,7 +63,7 @@ def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], task
             another order than its jobs (an engine contract violation); a talkmesh harness with
             no head in ``mesh_heads``.
     """
-    from tasks.rollout.fanout import PolicySource, cached_policy, release_policy
+    from tasks.rollout.fanout import PolicySource, cached_policy, pin_torch_threads, release_policy, torch_threads
     from tasks.talkmesh.episodes import hidden_states, is_mesh, run_mesh_records
 
     mesh_ids = {r["harness_id"] for r in records if r["harness_id"] in specs and is_mesh(specs[r["harness_id"]])}
@@ -80,6 +80,7 @@ def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], task
         for hid in dict.fromkeys(e["record"]["harness_id"] for e in eps):
             ids = {e["episode_id"] for e in eps if e["record"]["harness_id"] == hid}
             by_hid[hid] = ([e for e in eps if e["episode_id"] in ids], [t for t in turns if t["episode_id"] in ids])
+    pin_torch_threads(torch_threads(cfg))  # as run_shard does: the thread count changes CPU reduction order
     loaded = cached_policy(policy) if isinstance(policy, PolicySource) else policy
     try:
         for hid in sorted(mesh_ids, key=lambda h: (specs[h].name, h)):

@@ -63,21 +63,21 @@ def test_engine_refuses_a_talkmesh_spec():
         run_episodes(object(), load_harness("talkmesh"), [], SandboxConfig(), seed=0)
 
 
-TINY = {"agents": 3, "threshold": 1.0, "head_samples": 3, "head": {"steps": 10},
+TINY = {"agents": 3, "threshold": 1.0, "head_samples": 2, "head": {"steps": 10},
         "talk_sampling": {"temperature": 1.0, "max_new_tokens": 8}, "max_solution_chars": 60}
 
 
-@pytest.fixture()
-def tiny_specs(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def tiny_specs(tmp_path_factory):
     """A spec folder with a small `talkmesh` (3 agents, every one below threshold 1.0 revises)."""
     import tasks.harnesses.spec as spec_mod
 
-    d = tmp_path / "specs"
-    d.mkdir()
+    d = tmp_path_factory.mktemp("specs")
     (d / "talkmesh.yaml").write_text(yaml.safe_dump(_spec_dict(
         mesh=TINY, sampling={"temperature": 1.0, "max_new_tokens": 8})))
-    monkeypatch.setattr(spec_mod, "SPEC_DIR", d)
-    return d
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spec_mod, "SPEC_DIR", d)
+        yield d
 
 
 def _cfg(model_dir, **over):
@@ -88,7 +88,7 @@ def _cfg(model_dir, **over):
                      "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
          "split": {"test_fraction": 0.4}, "harnesses": ["talkmesh"],
          "policy": {"model": str(model_dir), "autocast_dtype": "float32", "rollout_dtype": "float32"},
-         "rollout": {"samples_per_task": 2, "task_runner": "serial"},
+         "rollout": {"samples_per_task": 1, "task_runner": "serial"},
          "train": {"steps": 1, "micro_batch_size": 32, "lr": 0.01, "kl": {"beta": 0.0}},
          "evaluate": {"attempts": 1, "bootstrap_resamples": 100},
          "analyze": {"ceiling_k": 1, "bootstrap_resamples": 100, "kl_check": False}}
@@ -115,21 +115,24 @@ def _five_stages(store, cfg):
     return fr, ro, tr, ev, an
 
 
-def test_tiny_talkmesh_pipeline(tiny_model_dir, tiny_specs, tmp_path):
-    from tasks.evaluate.seal import SealError
-    from tasks.evaluate.stage import verify_run
+@pytest.fixture(scope="module")
+def run(tiny_model_dir, tiny_specs, tmp_path_factory):
+    cfg = _cfg(tiny_model_dir)
+    root = tmp_path_factory.mktemp("tm-run")
+    store = ArtifactStore(root / "run")
+    return cfg, root, store, _five_stages(store, cfg)
+
+
+def test_rollout_episodes_are_mesh_runs(run):
     from tasks.records.verifiers import score
     from tasks.train.sequences import SequenceError, build_sequences
 
-    cfg = _cfg(tiny_model_dir)
-    store = ArtifactStore(tmp_path / "run")
-    fr, ro, tr, ev, an = _five_stages(store, cfg)
+    cfg, root, store, (fr, ro, tr, ev, an) = run
     tasks = {t["task_id"]: t for t in store.rows(fr["tasks"])}
     n_train = sum(t["split"] == "train" for t in tasks.values())
-
-    # rollout: one mesh run per episode; reward = the consensus answer graded; turns = messages written
+    # one mesh run per episode; reward = the consensus answer graded; turns = messages written
     eps, turns = store.rows(ro["episodes"]), store.rows(ro["turns"])
-    assert len(eps) == n_train * 2 and {e["harness_name"] for e in eps} == {"talkmesh"}
+    assert len(eps) == n_train and {e["harness_name"] for e in eps} == {"talkmesh"}
     by_ep = {}
     for t in turns:
         by_ep.setdefault(t["episode_id"], []).append(t)
@@ -149,54 +152,61 @@ def test_tiny_talkmesh_pipeline(tiny_model_dir, tiny_specs, tmp_path):
                 assert acts[a["hint_turn"]]["kind"] == "hint"
         assert acts[3]["talk_reward"] == pytest.approx(sum(a["talk_reward"] for a in acts[4:]) / 2)
     head = store.rows(ro["talkmesh_head"])
-    assert len(head) == 1 and head[0]["n"] <= n_train * 3 and 0.0 <= head[0]["ece"] <= 1.0
+    assert len(head) == 1 and head[0]["n"] <= n_train * 2 and 0.0 <= head[0]["ece"] <= 1.0
     calib = store.rows(ro["talkmesh_calibration_talkmesh"], contract="talkmesh_calibration")
     assert sum(c["n"] for c in calib) == head[0]["n"] and calib[0]["ece"] == head[0]["ece"]
-
-    # train: talk sequences only (hints and revisions); revisions' rewards in {-1, 0, 1}
-    talk = store.rows(tr["talkmesh_talk_sequences"])
-    revs = [r for r in talk if r["kind"] == "revision"]
-    assert len(revs) == 2 * len(eps) and {r["reward"] for r in revs} <= {-1.0, 0.0, 1.0}
-    assert {r["kind"] for r in talk} == {"hint", "revision"}
-    assert [s["step"] for s in store.rows(tr["train_steps"])] == [1]
+    # talkmesh turns are separate messages: the episode sequence builder refuses them
     with pytest.raises(SequenceError, match="TalkMesh run"):
         build_sequences(eps, turns, {e["harness_id"]: (1.0, 0, 1.0) for e in eps})
 
-    # sealed evaluation: mesh runs per checkpoint, the head's hash in the plan
-    plan = json.loads((tmp_path / "run/evaluate/plan.json").read_text())
+
+def test_train_uses_talk_sequences_and_online_is_refused(run, tiny_model_dir):
+    from tasks.train.stage import run_train
+
+    cfg, root, store, (fr, ro, tr, ev, an) = run
+    talk = store.rows(tr["talkmesh_talk_sequences"])
+    revs = [r for r in talk if r["kind"] == "revision"]
+    assert len(revs) == 2 * ro["episodes"].rows and {r["reward"] for r in revs} <= {-1.0, 0.0, 1.0}
+    assert {r["kind"] for r in talk} == {"hint", "revision"}
+    assert [s["step"] for s in store.rows(tr["train_steps"])] == [1]
+    online = _cfg(tiny_model_dir, train={"steps": 1, "mode": "online", "kl": {"beta": 0.0}})
+    with pytest.raises(ValueError, match="not supported with a talkmesh harness"):
+        run_train(store, online, {"tasks": fr["tasks"], "harnesses": fr["harnesses"], "records": fr["records"], **ro})
+
+
+def test_sealed_evaluation_and_report(run):
+    from tasks.evaluate.seal import SealError
+    from tasks.evaluate.stage import verify_run
+
+    cfg, root, store, (fr, ro, tr, ev, an) = run
+    plan = json.loads((root / "run/evaluate/plan.json").read_text())
     assert plan["talkmesh_head"]["sha256"] == ro["talkmesh_head"].sha256 == plan["inputs"]["talkmesh_head"]
     evals = store.rows(ev["evaluations"])
     assert {e["checkpoint"] for e in evals} == {"base", "final"} and all(e["num_turns"] == 6 for e in evals)
-    report = (tmp_path / "run/analyze/report.md").read_text()
+    eval_turns = store.rows(ev["eval_turns"], contract="turns")
+    assert len(eval_turns) == 6 * len(evals)
+    report = (root / "run/analyze/report.md").read_text()
     assert "## TalkMesh (P3)" in report and "left out of per-step branching" in report
     assert "| talkmesh | base |" in report and "| talkmesh | final |" in report
     verify_run(store)
-    p = tmp_path / "run" / ro["talkmesh_head"].path
-    p.write_bytes(p.read_bytes() + b"\0")
-    with pytest.raises(SealError, match="talkmesh confidence head changed"):
-        verify_run(store)
+    p = root / "run" / ro["talkmesh_head"].path
+    good = p.read_bytes()
+    p.write_bytes(good + b"\0")
+    try:
+        with pytest.raises(SealError, match="talkmesh confidence head changed"):
+            verify_run(store)
+    finally:
+        p.write_bytes(good)
 
-    # rerun: byte-identical rollout episodes and turns
-    store2 = ArtifactStore(tmp_path / "run2")
+
+def test_rerun_gives_identical_rollout(run):
     from tasks.records.stage import run_freeze
     from tasks.rollout.stage import run_rollout
 
+    cfg, root, store, (fr, ro, tr, ev, an) = run
+    store2 = ArtifactStore(root / "run2")
     ro2 = run_rollout(store2, cfg, run_freeze(store2, cfg, {}))
     assert {k: v.sha256 for k, v in ro2.items()} == {k: v.sha256 for k, v in ro.items()}
-
-
-def test_online_training_with_talkmesh_is_refused(tiny_model_dir, tiny_specs, tmp_path):
-    from tasks.records.stage import run_freeze
-    from tasks.rollout.stage import run_rollout
-    from tasks.train.stage import run_train
-
-    cfg = _cfg(tiny_model_dir, rollout={"samples_per_task": 1, "task_runner": "serial"},
-               train={"steps": 1, "mode": "online", "kl": {"beta": 0.0}})
-    store = ArtifactStore(tmp_path)
-    fr = run_freeze(store, cfg, {})
-    ro = run_rollout(store, cfg, fr)
-    with pytest.raises(ValueError, match="not supported with a talkmesh harness"):
-        run_train(store, cfg, {"tasks": fr["tasks"], "harnesses": fr["harnesses"], "records": fr["records"], **ro})
 
 
 def test_shipped_pipeline_config_loads():
