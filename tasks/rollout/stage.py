@@ -165,7 +165,7 @@ def run_rollout(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
     records = [r for r in store.rows(inputs["records"]) if r["split"] == "train"]
     if not records:
         raise ValueError("rollout: the frozen records have no train split")
-    from tasks.rollout.fanout import PolicySource, cached_policy
+    from tasks.rollout.fanout import PolicySource, cached_policy, release_policy
     from tasks.talkmesh.episodes import fit_heads, heads_from_rows, is_mesh
 
     source = PolicySource.of(cfg)
@@ -177,7 +177,11 @@ def run_rollout(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         # talkmesh harnesses: the confidence head first (base-policy proposals on the train tasks)
         from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the contracts)
 
-        head_rows, calib = fit_heads(cached_policy(source), cfg, specs, tasks, records)
+        try:
+            head_rows, calib = fit_heads(cached_policy(source), cfg, specs, tasks, records)
+        except BaseException:
+            release_policy(source)  # an engine's worker process must not outlive a failed fit
+            raise
         out["talkmesh_head"] = store.write("rollout", "talkmesh_head", head_rows, inputs=ins, config_hash=ch)
         for name, rows in calib.items():
             out[f"talkmesh_calibration_{name}"] = store.write(
