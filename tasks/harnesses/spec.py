@@ -261,6 +261,9 @@ class HarnessSpec(_Strict):
                 raise ValueError(f"loop_type talkmesh needs environments: [answer], not {self.environments}")
             if self.action_format != "final_answer":
                 raise ValueError(f"loop_type talkmesh needs action_format final_answer, not {self.action_format}")
+            if self.skill is not None:
+                raise ValueError("skill: loop_type talkmesh takes no skill (its agents' prompts use system_prompt as "
+                                 "written)")
         elif self.mesh is not None:
             raise ValueError(f"mesh: a mesh section is only for loop_type talkmesh, not loop_type {self.loop_type}")
         for key, allowed in TEMPLATE_VARS.items():

@@ -42,6 +42,8 @@ def test_spec_validation_names_file_key_and_value(tmp_path):
         load_harness(_write(tmp_path, _spec_dict(mesh={"agents": 1})))
     with pytest.raises(HarnessError, match=r"mesh\.degree=3 with mesh\.agents=5"):
         load_harness(_write(tmp_path, _spec_dict(mesh={"agents": 5, "topology": "regular", "degree": 3})))
+    with pytest.raises(HarnessError, match="loop_type talkmesh takes no skill"):
+        load_harness(_write(tmp_path, _spec_dict(skill="Check twice.")))
     with pytest.raises(HarnessError, match="bogus"):
         load_harness(_write(tmp_path, _spec_dict(mesh={"agents": 3, "bogus": 1})))
 
