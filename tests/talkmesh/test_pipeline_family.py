@@ -5,6 +5,7 @@ tiny model (engine hf) with the stage functions wired as flows/stages.py wires t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,10 +15,11 @@ from tasks.harnesses.spec import HarnessError, HarnessSpec, load_harness
 
 # direct's id before the mesh field existed (a spec without `mesh` must hash as it did)
 DIRECT_ID = "350a31e3fe907a275c85d1174ea108c8d4855a0c1ace7fa5931fead287c41202"
+SHIPPED = Path(__file__).resolve().parents[2] / "tasks" / "harnesses" / "specs"  # not the tiny_specs patch
 
 
 def _spec_dict(**over):
-    d = yaml.safe_load(open(load_harness.__globals__["SPEC_DIR"] / "talkmesh.yaml"))
+    d = yaml.safe_load(open(SHIPPED / "talkmesh.yaml"))
     d.update(over)
     return d
 
@@ -29,13 +31,13 @@ def _write(tmp_path, d, name="bad.yaml"):
 
 
 def test_spec_validation_names_file_key_and_value(tmp_path):
-    tm = load_harness("talkmesh")
+    tm = load_harness(SHIPPED / "talkmesh.yaml")
     assert tm.loop_type == "talkmesh" and tm.mesh is not None and tm.mesh.agents == 4
     with pytest.raises(HarnessError, match=r"bad\.yaml.*loop_type talkmesh needs a mesh"):
         load_harness(_write(tmp_path, {k: v for k, v in _spec_dict().items() if k != "mesh"}))
     with pytest.raises(HarnessError, match=r"needs environments: \[answer\], not \['workspace'\]"):
         load_harness(_write(tmp_path, _spec_dict(environments=["workspace"])))
-    direct = yaml.safe_load(open(load_harness.__globals__["SPEC_DIR"] / "direct.yaml"))
+    direct = yaml.safe_load(open(SHIPPED / "direct.yaml"))
     with pytest.raises(HarnessError, match="mesh section is only for loop_type talkmesh, not loop_type single_turn"):
         load_harness(_write(tmp_path, {**direct, "mesh": {"agents": 3}}))
     with pytest.raises(HarnessError, match=r"mesh\.agents"):
@@ -49,9 +51,9 @@ def test_spec_validation_names_file_key_and_value(tmp_path):
 
 
 def test_harness_ids_unchanged_and_mesh_hashed():
-    d = load_harness("direct")
+    d = load_harness(SHIPPED / "direct.yaml")
     assert d.harness_id == DIRECT_ID and "mesh" not in json.loads(d.to_row()["spec_json"])
-    tm = load_harness("talkmesh")
+    tm = load_harness(SHIPPED / "talkmesh.yaml")
     other = HarnessSpec.model_validate({**tm.spec_dict(), "mesh": {**tm.spec_dict()["mesh"], "agents": 5}})
     assert other.harness_id != tm.harness_id
     assert HarnessSpec.model_validate(json.loads(tm.to_row()["spec_json"])).harness_id == tm.harness_id
@@ -62,7 +64,7 @@ def test_engine_refuses_a_talkmesh_spec():
     from tasks.rollout.harness import run_episodes
 
     with pytest.raises(ValueError, match="loop_type talkmesh is not run by the harness engine"):
-        run_episodes(object(), load_harness("talkmesh"), [], SandboxConfig(), seed=0)
+        run_episodes(object(), load_harness(SHIPPED / "talkmesh.yaml"), [], SandboxConfig(), seed=0)
 
 
 TINY = {"agents": 3, "threshold": 1.0, "head_samples": 2, "head": {"steps": 10},
