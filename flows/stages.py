@@ -72,6 +72,8 @@ def evaluate_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], 
     inputs = {**frozen, "episodes": rollouts["episodes"], "checkpoints": trained["checkpoints"]}
     if "online_episodes" in trained:  # online training's own rollouts: the leakage guard checks them too
         inputs["online_episodes"] = trained["online_episodes"]
+    if "talkmesh_head" in rollouts:  # talkmesh harnesses: the confidence head, sealed into the plan
+        inputs["talkmesh_head"] = rollouts["talkmesh_head"]
     return _timed("evaluate", evaluate_task, run_dir, cfg, inputs, force)
 
 
@@ -84,6 +86,8 @@ def analyze_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], r
     inputs = {"tasks": frozen["tasks"], "harnesses": frozen["harnesses"], "episodes": rollouts["episodes"],
               "turns": rollouts["turns"], "train_steps": trained["train_steps"],
               "checkpoints": trained["checkpoints"], **evaluated}
+    if "talkmesh_head" in rollouts:  # the TalkMesh section of the report
+        inputs["talkmesh_head"] = rollouts["talkmesh_head"]
     return _timed("analyze", analyze_task, run_dir, cfg, inputs, force)
 
 

@@ -175,7 +175,10 @@ TURNS = _register(
             ("compound_unique", ("episode_id", "turn_idx")),
             ("in_set", "finish_reason", ["stop", "length"]),
         ],
-        "One turn. prompt_token_ids of turn t+1 extend turn t's prompt + completion exactly.",
+        "One turn. prompt_token_ids of turn t+1 extend turn t's prompt + completion exactly, except in episodes of "
+        "talkmesh harnesses: there a turn is one agent's separate message (proposal, hint or revision) with its own "
+        "prompt, and action is {kind, agent, round, talk_reward, ...} (tasks.talkmesh.episodes); such turns are "
+        "never chained into one sequence.",
     )
 )
 

@@ -104,6 +104,11 @@ def log_odds_tables(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
     from tasks.analysis.logodds import log_odds_pairs, log_odds_summary
 
     episodes, turns = store.rows(inputs["episodes"]), store.rows(inputs["turns"])
+    # talkmesh episodes have no first-turn state shared by one growing context (their turns are
+    # separate messages): left out, with a note from run_analyze
+    episodes = [e for e in episodes if specs[e["harness_id"]].loop_type != "talkmesh"]
+    if not episodes:
+        return [], []
     summary, pairs = [], []
     for ck in cks:
         adapter = store.get_dir(ck["path"], tmp / "logodds" / ck["name"])
@@ -143,7 +148,8 @@ def branching_rows(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artif
     for name in br.checkpoints:
         ck = cks[name]
         chosen = []
-        for hid in sorted({e["harness_id"] for e in evals if e["checkpoint"] == name}):
+        for hid in sorted({e["harness_id"] for e in evals if e["checkpoint"] == name
+                           and specs[e["harness_id"]].loop_type != "talkmesh"}):  # mesh runs: no engine replay
             cand = sorted((e for e in evals if e["checkpoint"] == name and e["harness_id"] == hid and e["retry"] == 0
                            and e["attempt"] == 0 and e["status"] in ("resolved", "unresolved")
                            and e["eval_id"] in by_ep),
@@ -238,7 +244,14 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         notes.append("R^2 not computed: it needs at least one trained checkpoint besides the reference.")
 
     episodes = store.rows(inputs["episodes"])
-    leakage = leakage_rows(episodes, cfg)
+    mesh_names = sorted({s.name for s in specs.values() if s.loop_type == "talkmesh"})
+    plain_eps = [e for e in episodes if specs[e["harness_id"]].loop_type != "talkmesh"]
+    if mesh_names:
+        notes.append(f"talkmesh harness(es) {mesh_names}: left out of per-step branching and the log-odds check "
+                     "(their turns are separate agent messages, not one context an engine can replay or branch) "
+                     "and of the zero-advantage / harness-leakage analysis (their training batch is the talk "
+                     "policy's hints and revisions, grouped per task and kind, not the episodes).")
+    leakage = leakage_rows(plain_eps, cfg) if plain_eps else []
     notes += [f"{r['rule']}: {r['note']}" for r in leakage if r["note"]]
     labels = {e["eval_id"]: (e["checkpoint"], e["harness_name"]) for e in evals}
     jsd = jsd_table(action_distributions(store.rows(inputs["eval_turns"], contract="turns"), labels))
@@ -291,6 +304,12 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         predictors=predictors, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
         figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
         arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()]))
+    if mesh_names:
+        from tasks.analysis.report import talkmesh_section
+
+        report = report.rstrip("\n") + "\n\n" + talkmesh_section(
+            store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
+            evals, store.rows(inputs["eval_turns"], contract="turns"), mesh_names)
     store.write_text(REPORT, report)
     for r in mismatch:
         log.info("%s / %s: pass@1 %.3f, ceiling pass@%d %s, mismatch %s", r["checkpoint"], r["harness_name"],

@@ -107,6 +107,9 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
         "policy": cfg.policy.model_dump(mode="json"),
         "sandbox": cfg.sandbox.model_dump(mode="json"),
         "inputs": {k: v.sha256 for k, v in sorted(inputs.items())},
+        # talkmesh harnesses score their agents with the rollout stage's head: sealed with its file
+        **({"talkmesh_head": {"path": inputs["talkmesh_head"].path, "sha256": inputs["talkmesh_head"].sha256}}
+           if "talkmesh_head" in inputs else {}),
     }
 
 
@@ -153,6 +156,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     Args:
         episode_runner: a function with :func:`tasks.rollout.stage.run_records`'s signature and
             return value (default: that function). The bookkeeping benchmark passes a scripted one.
+            With a talkmesh harness it is also given ``mesh_heads`` (from ``inputs["talkmesh_head"]``).
         timings: if given, filled with the seconds spent in each phase (``guard``, ``plan``,
             ``attempts``, ``seal``, ``write``, ``stats``, ``exports``).
 
@@ -185,6 +189,14 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     rec_by_id = {r["record_id"]: r for r in records}
     specs = harness_specs(store, inputs["harnesses"])
     plan_recs = [rec_by_id[p["record_id"]] for p in plan["records"]]
+    mesh_kw: dict[str, Any] = {}
+    if any(specs[r["harness_id"]].loop_type == "talkmesh" for r in plan_recs):
+        from tasks.talkmesh.episodes import heads_from_rows
+
+        if "talkmesh_head" not in inputs:
+            raise ValueError("evaluate: a talkmesh harness is evaluated but the inputs have no talkmesh_head (the "
+                             "rollout stage's confidence head)")
+        mesh_kw["mesh_heads"] = heads_from_rows(store.rows(inputs["talkmesh_head"], contract="talkmesh_head"))
     rows: list[dict[str, Any]] = []
     retries: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
@@ -197,7 +209,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                     raise ValueError(f"checkpoint {ck['name']}: files changed since training")
             policy = PolicySource.of(cfg, adapter)  # loaded once per process by whichever runner runs it
             eps, ck_turns = runner(policy, cfg, specs, task_by_id, plan_recs, plan["attempts"],
-                                   seed_from(plan["seed"], ck["name"]), f"eval:{ck['name']}")
+                                   seed_from(plan["seed"], ck["name"]), f"eval:{ck['name']}", **mesh_kw)
             turns += ck_turns
             ck_rows = [_row(e, e["record"], ck, e["sample_idx"], 0, "") for e in eps]
             rows += ck_rows
@@ -211,7 +223,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                     recs = [rec_by_id[i] for i in sorted(orig)]
                     eps, retry_turns = runner(policy, cfg, specs, task_by_id, recs, 1,
                                               seed_from(plan["seed"], ck["name"], "retry", n, a),
-                                              f"eval:{ck['name']}:retry{n}:attempt{a}")
+                                              f"eval:{ck['name']}:retry{n}:attempt{a}", **mesh_kw)
                     turns += retry_turns
                     again += [_row(e, e["record"], ck, a, n, orig[e["record"]["record_id"]]["eval_id"]) for e in eps]
                 log.info("%s: retry %d of %d infra_error attempt(s): %d still infra_error", ck["name"], n, len(pending),
@@ -274,7 +286,8 @@ def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[st
 
 def verify_run(store: ArtifactStore) -> VerifyReport:
     """Recompute the sealed evaluation of a run from its files: the plan hash, the checkpoint
-    files, the hash chain, and (when present) the statistics tables recomputed from the rows.
+    files, the talkmesh confidence head (when the plan names one), the hash chain, and (when
+    present) the statistics tables recomputed from the rows.
 
     Raises:
         SealError: the plan, a checkpoint's files or a row changed (the message says which).
@@ -290,6 +303,12 @@ def verify_run(store: ArtifactStore) -> VerifyReport:
             return sha256_dir(store.get_dir(ck["path"], Path(tmp) / "ck"))
 
     report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
+    if "talkmesh_head" in plan:  # the confidence head the talkmesh attempts were scored with
+        head = plan["talkmesh_head"]
+        now = hashlib.sha256(store.read_bytes(head["path"])).hexdigest()
+        if now != head["sha256"]:
+            raise SealError(f"{head['path']}: SHA-256 {now[:16]}... != planned {head['sha256'][:16]}... (the talkmesh "
+                            "confidence head changed after the evaluation was sealed)")
     if store.exists("evaluate/eval_cells.parquet"):
         _verify_stats(store, plan, rows)
     manifest = store.manifest("evaluate", "evaluations")

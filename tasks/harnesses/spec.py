@@ -27,7 +27,7 @@ from tasks.yamlfile import describe, load_mapping
 SPEC_DIR = Path(__file__).parent / "specs"
 ENVIRONMENTS = ("answer", "workspace", "browser")
 ActionFormat = Literal["final_answer", "function_call", "xml_tags", "fenced_code", "whole_file", "search_replace"]
-LoopType = Literal["single_turn", "react", "codeact", "reflect_on_test_failure"]
+LoopType = Literal["single_turn", "react", "codeact", "reflect_on_test_failure", "talkmesh"]
 
 # Variables each template may use.
 TEMPLATE_VARS: dict[str, set[str]] = {
@@ -168,6 +168,50 @@ class LimitsSpec(_Strict):
     episode_wall_s: float | None = Field(default=None, gt=0)
 
 
+class MeshHeadSpec(_Strict):
+    """The TalkMesh confidence head (:func:`tasks.talkmesh.calibration.fit_head`): ``l2`` penalty,
+    L-BFGS ``steps``, ECE ``bins`` of its calibration table, ``batch_size`` texts per hidden-state
+    forward pass."""
+
+    l2: float = Field(default=1e-2, ge=0)
+    steps: int = Field(default=100, ge=1)
+    bins: int = Field(default=10, ge=1, le=100)
+    batch_size: int = Field(default=16, ge=1)
+
+
+class MeshSpec(_Strict):
+    """The ``mesh`` block of a ``talkmesh`` harness (METHODS.md P3; :mod:`tasks.talkmesh.protocol`).
+
+    ``agents`` N (2..256) share the policy; ``topology`` full | ring | regular (random
+    ``degree``-regular); ``rounds`` of hint + revision (0..16); agents with a confidence below
+    ``threshold`` (in [0, 1]) revise. ``head_samples``: base-policy proposals per train task that
+    the rollout stage grades and fits the confidence head on. ``talk_sampling``: sampler of hints
+    and revisions (proposals use the harness's ``sampling``). ``max_solution_chars``: a solution
+    quoted in a hint or revision prompt is cut to this many characters.
+    """
+
+    agents: int = Field(ge=2, le=256)
+    topology: Literal["full", "ring", "regular"] = "full"
+    degree: int = Field(default=2, ge=1)
+    rounds: int = Field(default=1, ge=0, le=16)
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    head_samples: int = Field(default=4, ge=1, le=256)
+    head: MeshHeadSpec = Field(default_factory=MeshHeadSpec)
+    talk_sampling: SamplingSpec = Field(default_factory=lambda: SamplingSpec(temperature=0.7, max_new_tokens=128))
+    max_solution_chars: int = Field(default=600, ge=50)
+
+    @model_validator(mode="after")
+    def _check(self) -> "MeshSpec":
+        if self.topology == "regular":
+            from tasks.talkmesh.protocol import build_topology
+
+            try:
+                build_topology("regular", self.agents, self.degree, 0)
+            except ValueError as e:
+                raise ValueError(f"mesh.degree={self.degree} with mesh.agents={self.agents}: {e}") from None
+        return self
+
+
 class HarnessSpec(_Strict):
     """One harness.
 
@@ -180,7 +224,11 @@ class HarnessSpec(_Strict):
     ``search_replace`` (a path line followed by ``<<<<<<< SEARCH`` / ``=======`` / ``>>>>>>>
     REPLACE`` blocks). ``loop_type``: ``single_turn``, ``react`` (act, observe, repeat),
     ``codeact`` (react whose actions are code; a reply without code ends the episode),
-    ``reflect_on_test_failure`` (edit, run ``reflect.command``, feed failures back).
+    ``reflect_on_test_failure`` (edit, run ``reflect.command``, feed failures back), ``talkmesh``
+    (not run by the engine: an episode is one TalkMesh run of ``mesh.agents`` agents on the task,
+    :mod:`tasks.talkmesh.episodes`; needs the ``mesh`` block, ``environments: [answer]`` and
+    ``action_format: final_answer``). ``mesh`` is left out of the hashed JSON when absent, so
+    adding the field changed no existing ``harness_id``.
     """
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
@@ -202,9 +250,22 @@ class HarnessSpec(_Strict):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     reflect: ReflectSpec | None = None
     skill: str | None = None
+    mesh: MeshSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "HarnessSpec":
+        if self.loop_type == "talkmesh":
+            if self.mesh is None:
+                raise ValueError("loop_type talkmesh needs a mesh: {agents: ...} section")
+            if self.environments != ["answer"]:
+                raise ValueError(f"loop_type talkmesh needs environments: [answer], not {self.environments}")
+            if self.action_format != "final_answer":
+                raise ValueError(f"loop_type talkmesh needs action_format final_answer, not {self.action_format}")
+            if self.skill is not None:
+                raise ValueError("skill: loop_type talkmesh takes no skill (its agents' prompts use system_prompt as "
+                                 "written)")
+        elif self.mesh is not None:
+            raise ValueError(f"mesh: a mesh section is only for loop_type talkmesh, not loop_type {self.loop_type}")
         for key, allowed in TEMPLATE_VARS.items():
             bad = placeholders(getattr(self, key)) - allowed
             if bad:
@@ -247,10 +308,18 @@ class HarnessSpec(_Strict):
             raise ValueError("a multi-turn harness for workspace tasks needs at least one sandbox tool")
         return self
 
+    def spec_dict(self) -> dict[str, Any]:
+        """The spec as JSON-able data: every field, but ``mesh`` only when set (specs without it
+        hash and serialise as before the field existed)."""
+        d = self.model_dump(mode="json")
+        if d.get("mesh") is None:
+            d.pop("mesh", None)
+        return d
+
     @property
     def harness_id(self) -> str:
-        """SHA-256 of the canonical JSON of the whole spec."""
-        return sha256_json(self.model_dump(mode="json"))
+        """SHA-256 of the canonical JSON of the whole spec (:meth:`spec_dict`)."""
+        return sha256_json(self.spec_dict())
 
     def tool(self, name: str) -> ToolSpec | None:
         return next((t for t in self.tools if t.name == name), None)
@@ -263,7 +332,7 @@ class HarnessSpec(_Strict):
         return "\n".join(lines)
 
     def to_row(self) -> dict[str, Any]:
-        d = self.model_dump(mode="json")
+        d = self.spec_dict()
         return {
             "harness_id": self.harness_id,
             "name": self.name,

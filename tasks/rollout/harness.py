@@ -279,8 +279,12 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
 
     Raises:
         ValueError: a turn's prompt does not extend the previous turn's prompt + completion
-            exactly (token accounting drift); the episode would be unusable for training.
+            exactly (token accounting drift); the episode would be unusable for training; a
+            ``talkmesh`` spec (run by :mod:`tasks.talkmesh.episodes`, not here).
     """
+    if spec.loop_type == "talkmesh":
+        raise ValueError(f"harness {spec.name!r}: loop_type talkmesh is not run by the harness engine; its episodes "
+                         "are mesh runs (tasks.talkmesh.episodes.run_mesh_records, via tasks.rollout.stage.run_records)")
     tok = policy.tokenizer
     chat = ChatFormat(tok)
     eps = [_Episode(job=j, env=EpisodeEnv(j.task, sandbox_cfg, j.seed)) for j in jobs]

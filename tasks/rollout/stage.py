@@ -38,10 +38,12 @@ def load_policy(cfg: RunConfig, adapter_dir: Any = None) -> Any:
 
 
 def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tasks: dict[str, dict[str, Any]],
-                records: list[dict[str, Any]], samples: int, seed: int, tag: str
-                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                records: list[dict[str, Any]], samples: int, seed: int, tag: str, *,
+                mesh_heads: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``samples`` episodes per record under its harness, fanned out over ``cfg.rollout``'s task
-    runner (see :mod:`tasks.rollout.fanout`).
+    runner (see :mod:`tasks.rollout.fanout`). Records of ``talkmesh`` harnesses are run in this
+    process by :func:`tasks.talkmesh.episodes.run_mesh_records` (one mesh run per episode), with
+    their fitted confidence head from ``mesh_heads`` (harness_id -> ConfidenceHead).
 
     Args:
         policy: a :class:`tasks.rollout.fanout.PolicySource` (any runner; each process loads it
@@ -58,8 +60,47 @@ def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], task
     Raises:
         tasks.rollout.fanout.ShardError: a shard failed (the message names it).
         ValueError: a policy object with the ``dask`` runner; or a shard's episodes came back in
-            another order than its jobs (an engine contract violation).
+            another order than its jobs (an engine contract violation); a talkmesh harness with
+            no head in ``mesh_heads``.
     """
+    from tasks.rollout.fanout import PolicySource, cached_policy, pin_torch_threads, release_policy, torch_threads
+    from tasks.talkmesh.episodes import hidden_states, is_mesh, run_mesh_records
+
+    mesh_ids = {r["harness_id"] for r in records if r["harness_id"] in specs and is_mesh(specs[r["harness_id"]])}
+    if not mesh_ids:
+        return _run_engine_records(policy, cfg, specs, tasks, records, samples, seed, tag)
+    missing = sorted(specs[h].name for h in mesh_ids if h not in (mesh_heads or {}))
+    if missing:
+        raise ValueError(f"{tag}: talkmesh harness(es) {missing} have no fitted confidence head (the rollout stage's "
+                         "talkmesh_head artifact)")
+    by_hid: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    plain = [r for r in records if r["harness_id"] not in mesh_ids]
+    if plain:
+        eps, turns = _run_engine_records(policy, cfg, specs, tasks, plain, samples, seed, tag)
+        for hid in dict.fromkeys(e["record"]["harness_id"] for e in eps):
+            ids = {e["episode_id"] for e in eps if e["record"]["harness_id"] == hid}
+            by_hid[hid] = ([e for e in eps if e["episode_id"] in ids], [t for t in turns if t["episode_id"] in ids])
+    pin_torch_threads(torch_threads(cfg))  # as run_shard does: the thread count changes CPU reduction order
+    loaded = cached_policy(policy) if isinstance(policy, PolicySource) else policy
+    try:
+        for hid in sorted(mesh_ids, key=lambda h: (specs[h].name, h)):
+            by_hid[hid] = run_mesh_records(loaded, cfg, specs[hid], hid, tasks,
+                                           [r for r in records if r["harness_id"] == hid], samples, seed, tag,
+                                           mesh_heads[hid], hidden_states(cfg, specs[hid]))  # type: ignore[index]
+    finally:
+        if isinstance(policy, PolicySource):
+            release_policy(policy)
+    episodes, turns = [], []
+    for hid in sorted(by_hid, key=lambda h: (specs[h].name, h)):
+        episodes += by_hid[hid][0]
+        turns += by_hid[hid][1]
+    return episodes, turns
+
+
+def _run_engine_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tasks: dict[str, dict[str, Any]],
+                        records: list[dict[str, Any]], samples: int, seed: int, tag: str
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`run_records` for harnesses the engine runs (every loop type but talkmesh)."""
     from tasks.rollout.fanout import (PolicySource, ShardInput, episode_jobs, fan_out, plan_shards, release_policy,
                                       torch_threads)
 
@@ -113,19 +154,43 @@ def episode_rows(eps: list[dict[str, Any]], policy_id: str, policy_version: int)
 
 
 def run_rollout(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
-    """Sample ``rollout.samples_per_task`` episodes per train record with the base policy."""
+    """Sample ``rollout.samples_per_task`` episodes per train record with the base policy.
+
+    With a ``talkmesh`` harness among the records, first fit its confidence head
+    (:func:`tasks.talkmesh.episodes.fit_heads`) and write ``talkmesh_head`` (one row per talkmesh
+    harness) and ``talkmesh_calibration_<harness name>`` (contract ``talkmesh_calibration``); the
+    mesh episodes are scored with the head as read back from that file."""
     tasks = {t["task_id"]: t for t in store.rows(inputs["tasks"])}
     specs = harness_specs(store, inputs["harnesses"])
     records = [r for r in store.rows(inputs["records"]) if r["split"] == "train"]
     if not records:
         raise ValueError("rollout: the frozen records have no train split")
-    from tasks.rollout.fanout import PolicySource
+    from tasks.rollout.fanout import PolicySource, cached_policy, release_policy
+    from tasks.talkmesh.episodes import fit_heads, heads_from_rows, is_mesh
 
-    eps, turns = run_records(PolicySource.of(cfg), cfg, specs, tasks, records, cfg.rollout.samples_per_task,
-                             seed_from(cfg.seed, "rollout"), "rollout")
-    rows = episode_rows(eps, eps[0]["policy_id"], 0)
+    source = PolicySource.of(cfg)
     ch = cfg.section_hash("policy", "sandbox", "rollout")
     ins = [inputs["tasks"], inputs["harnesses"], inputs["records"]]
+    out: dict[str, ArtifactRef] = {}
+    heads = None
+    if any(is_mesh(specs[r["harness_id"]]) for r in records):
+        # talkmesh harnesses: the confidence head first (base-policy proposals on the train tasks)
+        from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the contracts)
+
+        try:
+            head_rows, calib = fit_heads(cached_policy(source), cfg, specs, tasks, records)
+        except BaseException:
+            release_policy(source)  # an engine's worker process must not outlive a failed fit
+            raise
+        out["talkmesh_head"] = store.write("rollout", "talkmesh_head", head_rows, inputs=ins, config_hash=ch)
+        for name, rows in calib.items():
+            out[f"talkmesh_calibration_{name}"] = store.write(
+                "rollout", f"talkmesh_calibration_{name}", rows, contract="talkmesh_calibration",
+                inputs=[out["talkmesh_head"]], config_hash=ch)
+        heads = heads_from_rows(store.rows(out["talkmesh_head"]))
+    eps, turns = run_records(source, cfg, specs, tasks, records, cfg.rollout.samples_per_task,
+                             seed_from(cfg.seed, "rollout"), "rollout", mesh_heads=heads)
+    rows = episode_rows(eps, eps[0]["policy_id"], 0)
     ep_ref = store.write("rollout", "episodes", rows, inputs=ins, config_hash=ch)
     tu_ref = store.write("rollout", "turns", turns, inputs=ins, config_hash=ch)
-    return {"episodes": ep_ref, "turns": tu_ref}
+    return {"episodes": ep_ref, "turns": tu_ref, **out}

@@ -84,3 +84,16 @@ TALKMESH_TALK_STEPS = register_contract(Contract(
     "1[proposal correct]; hint: the mean of that over the revisions it caused; group: the advantage group "
     "(problem and kind).",
 ))
+
+TALKMESH_HEAD = register_contract(Contract(
+    "talkmesh_head", 1,
+    _s(("harness_id", pa.string()), ("harness_name", pa.string()), ("base_model_id", pa.string()),
+       ("weight", pa.list_(pa.float32())), ("bias", pa.float64()), ("mean", pa.list_(pa.float32())),
+       ("std", pa.list_(pa.float32())), ("n", pa.int32()), ("positives", pa.int32()), ("l2", pa.float64()),
+       ("steps", pa.int32()), ("seed", pa.int64()), ("ece", pa.float64()), ("brier", pa.float64())),
+    [("unique", "harness_id"), ("not_null", "bias"), ("between", "ece", 0.0, 1.0)],
+    "P3 confidence head of a talkmesh harness, fitted in the rollout stage: c = sigmoid(weight . (h - mean) / std "
+    "+ bias) on the base model's final hidden state h [H] of (problem, answer) (tasks.talkmesh.calibration); n "
+    "graded train proposals with a parsable answer (positives of them correct), the fit's l2 / L-BFGS steps / "
+    "seed, and its ECE and Brier score on those proposals. Its SHA-256 is in the sealed evaluation plan.",
+))

@@ -38,8 +38,11 @@ def build_sequences(episodes: Iterable[dict[str, Any]], turns: Iterable[dict[str
 
     Raises:
         SequenceError: an episode with no turns, or a turn whose prompt does not extend the
-            previous turn's prompt + completion.
+            previous turn's prompt + completion; an episode of a ``talkmesh`` harness (its turns
+            are separate messages: :func:`tasks.talkmesh.episodes.talk_train_sequences`).
     """
+    from tasks.talkmesh.episodes import is_mesh_turn
+
     by_ep: dict[str, list[dict[str, Any]]] = {}
     for t in turns:
         by_ep.setdefault(t["episode_id"], []).append(t)
@@ -50,6 +53,11 @@ def build_sequences(episodes: Iterable[dict[str, Any]], turns: Iterable[dict[str
         ts = sorted(by_ep.get(ep["episode_id"], []), key=lambda t: t["turn_idx"])
         if not ts:
             raise SequenceError(f"episode {ep['episode_id']} has no turns")
+        if any(is_mesh_turn(t.get("action")) for t in ts):
+            raise SequenceError(
+                f"episode {ep['episode_id']} (harness {ep.get('harness_name', ep['harness_id'])}) is a TalkMesh run: its "
+                "turns are separate messages with their own prompts, not one growing context, and cannot be chained "
+                "into one sequence; train it with tasks.talkmesh.episodes.talk_train_sequences")
         last = ts[-1]
         ids = list(last["prompt_token_ids"]) + list(last["completion_token_ids"])
         mask = [0] * len(ids)

@@ -35,8 +35,14 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     row per arm, named by the arm) and, when any arm trains online, ``online_episodes`` /
     ``online_turns`` (every online arm's rows, in arm order).
 
+    Episodes of ``talkmesh`` harnesses train the talk policy: one sequence per hint or revision turn
+    with its talk reward (:func:`tasks.talkmesh.episodes.talk_train_sequences`; their rows are also
+    written as ``talkmesh_talk_sequences``); the other episodes as one sequence each.
+
     Raises:
         LeakageError: a test-split task among the rollouts.
+        ValueError: a talkmesh harness with an online arm (not supported), or talkmesh rollouts
+            with no hint or revision to train on.
     """
     from tasks.rollout.models import model_id, resolve_model
     from tasks.train.sequences import build_sequences
@@ -49,7 +55,23 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
         raise LeakageError(f"train: {len(leaked)} test-split task(s) in the training rollouts: {leaked[:10]}")
     specs = harness_specs(store, inputs["harnesses"])
     sampling = {hid: (s.sampling.temperature, s.sampling.top_k, s.sampling.top_p) for hid, s in specs.items()}
-    seqs = build_sequences(episodes, store.rows(inputs["turns"]), sampling)
+    from tasks.talkmesh.episodes import is_mesh, talk_train_sequences
+
+    mesh_ids = {hid for hid, s in specs.items() if is_mesh(s)}
+    mesh_eps = [e for e in episodes if e["harness_id"] in mesh_ids]
+    online = [arm for arm, tc in cfg.arm_configs() if tc.mode != "frozen"]
+    if mesh_eps and online:
+        raise ValueError(f"train: arm(s) {online} train online, which is not supported with a talkmesh harness "
+                         f"({sorted({e['harness_name'] for e in mesh_eps})}): use train.mode frozen")
+    turns = store.rows(inputs["turns"])
+    seqs = build_sequences([e for e in episodes if e["harness_id"] not in mesh_ids], turns, sampling)
+    talk_rows: list[dict[str, Any]] = []
+    if mesh_eps:  # the talk policy's GRPO batch: one sequence per hint / revision (tasks.talkmesh.talk)
+        talk_seqs, talk_rows = talk_train_sequences(mesh_eps, turns, specs)
+        if not talk_seqs:
+            raise ValueError("train: the talkmesh rollouts hold no hint or revision with a reward (no agent was below "
+                             "mesh.threshold?); nothing to train the talk policy on")
+        seqs += talk_seqs
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
     base_id = model_id(model_dir)
     in_hashes = {k: v.sha256 for k, v in sorted(inputs.items())}
@@ -91,6 +113,9 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     steps_ref = store.write("train", "train_steps", steps, inputs=ins, config_hash=ch, extra={"timing": timing})
     ck_ref = store.write("train", "checkpoints", ckpts, inputs=[steps_ref, *ins], config_hash=ch)
     out = {"train_steps": steps_ref, "checkpoints": ck_ref}
+    if talk_rows:
+        out["talkmesh_talk_sequences"] = store.write("train", "talkmesh_talk_sequences", talk_rows, inputs=ins,
+                                                     config_hash=ch)
     if online:
         out["online_episodes"] = store.write("train", "online_episodes", [r for o in online for r in o["episodes"]],
                                              contract="episodes", inputs=ins, config_hash=ch)
