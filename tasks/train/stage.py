@@ -59,9 +59,9 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
 
     mesh_ids = {hid for hid, s in specs.items() if is_mesh(s)}
     mesh_eps = [e for e in episodes if e["harness_id"] in mesh_ids]
-    online = [arm for arm, tc in cfg.arm_configs() if tc.mode != "frozen"]
-    if mesh_eps and online:
-        raise ValueError(f"train: arm(s) {online} train online, which is not supported with a talkmesh harness "
+    online_arms = [arm for arm, tc in cfg.arm_configs() if tc.mode != "frozen"]
+    if mesh_eps and online_arms:
+        raise ValueError(f"train: arm(s) {online_arms} train online, which is not supported with a talkmesh harness "
                          f"({sorted({e['harness_name'] for e in mesh_eps})}): use train.mode frozen")
     turns = store.rows(inputs["turns"])
     seqs = build_sequences([e for e in episodes if e["harness_id"] not in mesh_ids], turns, sampling)
