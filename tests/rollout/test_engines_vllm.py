@@ -156,15 +156,24 @@ def test_vllm_stops_at_eos_like_trim_completion(vllm_f32):
             assert len(g.token_ids) == 40 and vllm_f32.eos_id not in g.token_ids
 
 
-def test_vllm_lora_adapter_matches_peft_recomputation(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("lora", ["adapter", "auto"])
+def test_vllm_lora_adapter_matches_peft_recomputation(tiny_model_dir, tmp_path, lora):
+    """vLLM's LoRA layers (``adapter``) and the adapter merged into the weights (``auto`` on the
+    CPU = ``merged``) both give the peft model's float32 log-probs; the merged copy is removed on
+    close."""
     require_vllm_venv()
     from tasks.rollout.engines import make_policy
 
     adapter = make_lora_adapter(tiny_model_dir, tmp_path / "adapter")
-    cfg = PolicyConfig(model=str(tiny_model_dir), engine="vllm", rollout_dtype="float32")
+    cfg = PolicyConfig(model=str(tiny_model_dir), engine="vllm", rollout_dtype="float32", vllm={"lora": lora})
     base, ref = reference_model(tiny_model_dir), reference_model(tiny_model_dir, adapter)
     with make_policy(tiny_model_dir, cfg, base_model_id="tiny", adapter_dir=adapter) as pol:
         assert pol.policy_id == f"tiny+{pol.adapter_sha256[:12]}" and len(pol.adapter_sha256) == 64
+        merged = pol._merged_dir
+        assert pol.lora_mode == ("adapter" if lora == "adapter" else "merged")
+        assert (merged is None) == (lora == "adapter")
+        if merged is not None:
+            assert Path(merged, "model.safetensors").is_file() and pol.adapter_dir is None
         worker = pol._worker.proc
         for s in SAMPLINGS:
             prompts = prompts_for(pol.tokenizer)
@@ -173,7 +182,8 @@ def test_vllm_lora_adapter_matches_peft_recomputation(tiny_model_dir, tmp_path):
                 assert (recompute(ref, p, g.token_ids, s) - lp).abs().max().item() < F32_TOL
                 # the adapter is applied: the base model gives these tokens other log-probs
                 assert (recompute(base, p, g.token_ids, s) - lp).abs().max().item() > 0.05
-    # closed: the worker and its process group are gone
+    # closed: the worker and its process group are gone, and the merged weights
+    assert merged is None or not Path(merged).exists()
     assert worker.poll() is not None
     with pytest.raises(ProcessLookupError):
         os.killpg(worker.pid, 0)

