@@ -215,6 +215,8 @@ def test_policy_config_engine_fields_are_validated():
         PolicyConfig(engine="vllm", vllm={"kv_cache_gib": 0})
     with pytest.raises(ValidationError, match="extra"):
         PolicyConfig(engine="vllm", vllm={"max_len": 5})
+    with pytest.raises(ValidationError, match="lora"):
+        PolicyConfig(engine="vllm", vllm={"lora": "fused"})
     ok = PolicyConfig(engine="openai", openai={"base_url": "http://127.0.0.1:8000/v1", "model": "m"})
     assert ok.openai.max_concurrency == 8 and ok.openai.api_key_env is None
 
