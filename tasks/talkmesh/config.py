@@ -38,6 +38,7 @@ class TalkMeshConfig(BaseModel):
     (different talk seeds) whose revisions form one GRPO group. ``train_talk``: train the talk
     adapter (false: the mesh talks with the base model only). ``colluders``: the values of m for
     the collusion experiment (each < agents). ``resamples``: orderings averaged in the vote curves.
+    ``bootstrap_resamples``: problem resamples of the paired contrasts' intervals.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -57,6 +58,7 @@ class TalkMeshConfig(BaseModel):
     train_talk: bool = True
     colluders: list[int] = Field(default_factory=lambda: [4])
     resamples: int = Field(default=16, ge=1)
+    bootstrap_resamples: int = Field(default=2000, ge=1)
     proposal_sampling: SamplingSpec = Field(default_factory=lambda: SamplingSpec(temperature=0.7, max_new_tokens=256))
     talk_sampling: SamplingSpec = Field(default_factory=lambda: SamplingSpec(temperature=0.7, max_new_tokens=128))
     max_solution_chars: int = Field(default=600, ge=50)

@@ -13,7 +13,9 @@ the mesh against majority and confidence-weighted vote, the collusion experiment
 4. **Evaluation** on the test problems: vote curves for k = 1..K; the mesh (agents = the first N
    samples) with the base talk policy and with the trained one; for each m in ``colluders``: the
    undefended and the defended mesh and majority vote over the N agents' answers, m of them
-   poisoned. Colluders are a seeded draw of m agents; their poisoned answer is the smallest
+   poisoned. The mesh's own N agents voting without talk (majority and confidence-weighted) are
+   the paired baselines: each mesh condition is contrasted with them problem by problem
+   (:func:`tasks.talkmesh.report.paired_contrasts`). Colluders are a seeded draw of m agents; their poisoned answer is the smallest
    integer offset (+1, -1, +2, ...) of the reference answer that the verifier grades wrong (a
    worst-case adversary knows the answer; the agents never see it).
 5. Tables under ``talkmesh/`` (Parquet, contracts in :mod:`tasks.talkmesh.contracts`), the talk
@@ -196,11 +198,27 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
         messages: list[dict[str, Any]] = []
         results: list[dict[str, Any]] = []
         summary: list[dict[str, Any]] = []
+        per_problem: dict[str, list[bool]] = {}  # condition -> correct per test problem, in test_p order
+
+        def vote_row(cond: str, votes: list[list[tuple[str | None, float]]], colluders: int) -> None:
+            hits = [bool(grader(p, weighted_vote(v))) for p, v in zip(test_p, votes)]
+            per_problem[cond] = hits
+            summary.append({"condition": cond, "agents": tm.agents, "colluders": colluders, "defended": False,
+                            "talk": "none", "problems": len(test_p), "accuracy": sum(hits) / len(test_p),
+                            "outputs_spent": float(tm.agents), "consensus_rate": None, "revisions": 0, "kept": 0,
+                            "hints_ignored": 0})
+
+        # the mesh's own agents, voting without talking (the paired baselines of the mesh)
+        vote_row("majority-agents", [[(o.answer, 1.0) for o in row] for row in agents_test], 0)
+        vote_row("confidence-weighted-agents", [[(o.answer, cmap.get((p.problem_id, o.answer), 0.0)) for o in row]
+                                                for p, row in zip(test_p, agents_test)], 0)
 
         def record(cond: str, res: MeshResult, **kw: Any) -> None:
             messages.extend({"condition": cond, **m} for m in res.messages)
             results.extend({"condition": cond, **r} for r in res.results)
             summary.append(summary_row(cond, res, agents=tm.agents, **kw))
+            got = {r["problem_id"]: bool(r["correct"]) for r in res.results}
+            per_problem[cond] = [got[p.problem_id] for p in test_p]
             log.info("talkmesh: %s: accuracy %.3f, %.1f outputs/problem", cond, summary[-1]["accuracy"],
                      summary[-1]["outputs_spent"])
 
@@ -253,18 +271,17 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                     record(cond, mesh(ttalk, agents_test, test_p, cond, colluders=coll,
                                       poison=lambda p: poison[p.problem_id], defended=defended),
                            colluders=m, defended=defended, talk=label)
-                hits = 0
-                for p, row in zip(test_p, agents_test):
-                    votes = [(poison[p.problem_id] if i in coll else o.answer, 1.0) for i, o in enumerate(row)]
-                    hits += grader(p, weighted_vote(votes))
-                summary.append({"condition": f"collusion-m{m}-majority", "agents": tm.agents, "colluders": m,
-                                "defended": False, "talk": "none", "problems": len(test_p),
-                                "accuracy": hits / len(test_p), "outputs_spent": float(tm.agents),
-                                "consensus_rate": None, "revisions": 0, "kept": 0, "hints_ignored": 0})
+                vote_row(f"collusion-m{m}-majority",
+                         [[(poison[p.problem_id] if i in coll else o.answer, 1.0) for i, o in enumerate(row)]
+                          for p, row in zip(test_p, agents_test)], m)
             timing["mesh_eval_s"] = time.perf_counter() - t0
         finally:
             _close(trained)
     timing["total_s"] = time.perf_counter() - t_start
+    from tasks.talkmesh.report import contrast_pairs, paired_contrasts, plot_png, report_markdown
+
+    contrasts = paired_contrasts(per_problem, contrast_pairs(tm.colluders), resamples=tm.bootstrap_resamples,
+                                 seed=seed_from(cfg.seed, "talkmesh", "bootstrap") % 2**31)
 
     ins = [frozen["tasks"], frozen["harnesses"]]
     ch = cfg.section_hash("policy", "train", "talkmesh", "suites", "split")
@@ -272,15 +289,14 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     refs["talkmesh_messages"] = w("talkmesh_messages", messages)
     refs["talkmesh_results"] = w("talkmesh_results", results)
     refs["talkmesh_curves"] = w("talkmesh_curves", curves)
-    refs["talkmesh_summary"] = w("talkmesh_summary", summary, extra={"timing": timing})
+    refs["talkmesh_summary"] = w("talkmesh_summary", summary, extra={"timing": timing, "contrasts": contrasts})
     refs["talkmesh_calibration"] = w("talkmesh_calibration", calib)
     if tm.train_talk:
         refs["talkmesh_talk_sequences"] = w("talkmesh_talk_sequences", talk_rows,
                                             extra={"train_steps": train_steps})
-    from tasks.talkmesh.report import plot_png, report_markdown
-
     store.write_bytes("talkmesh/accuracy_vs_outputs.png", plot_png(curves, summary))
-    store.write_text("talkmesh/report.md", report_markdown(cfg, curves, summary, calib, talk_rows, train_steps, timing))
+    store.write_text("talkmesh/report.md", report_markdown(cfg, curves, summary, calib, talk_rows, train_steps, timing,
+                                                           contrasts))
     return refs
 
 

@@ -83,8 +83,16 @@ def test_tiny_talkmesh_run(tiny_model_dir, tmp_path):
     assert curves[("majority", 1)] == 1.0 and curves[("majority", 2)] == 1.0
 
     summary = {r["condition"]: r for r in store.rows(refs["talkmesh_summary"])}
-    assert set(summary) == {"mesh-base", "mesh-talk", "collusion-m2-undefended", "collusion-m2-defended",
-                            "collusion-m2-majority"}
+    assert set(summary) == {"majority-agents", "confidence-weighted-agents", "mesh-base", "mesh-talk",
+                            "collusion-m2-undefended", "collusion-m2-defended", "collusion-m2-majority"}
+    # the 4 agents' proposals are right, wrong, right, wrong: a 2:2 tie goes to the first (right) answer
+    assert summary["majority-agents"]["accuracy"] == 1.0 and summary["majority-agents"]["outputs_spent"] == 4.0
+    contrasts = {(c["a"], c["b"]): c for c in store.manifest("talkmesh", "talkmesh_summary")["extra"]["contrasts"]}
+    mb = contrasts[("mesh-base", "majority-agents")]
+    assert mb["problems"] == 4 and mb["accuracy_b"] == 1.0
+    assert mb["difference"] == pytest.approx(summary["mesh-base"]["accuracy"] - 1.0)
+    assert mb["ci_low"] <= mb["difference"] <= mb["ci_high"]
+    assert ("collusion-m2-defended", "collusion-m2-majority") in contrasts
     # threshold 1.0: every agent but the source revises, adopting the source's answer and keeping it only
     # when it scores higher; one hint per problem (full topology)
     msgs = store.rows(refs["talkmesh_messages"])
@@ -109,6 +117,7 @@ def test_tiny_talkmesh_run(tiny_model_dir, tmp_path):
     assert {c["split"] for c in calib} == {"train", "test"} and sum(c["n"] for c in calib if c["split"] == "train") == 2 * 4
     report = (tmp_path / "talkmesh" / "report.md").read_text()
     assert "| mesh-base | base | 0 | no |" in report and "ECE" in report
+    assert f"| mesh-base | majority-agents | 4 | {summary['mesh-base']['accuracy']:.3f} | 1.000 |" in report
     assert (tmp_path / "talkmesh" / "accuracy_vs_outputs.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "talkmesh" / "talk_adapter" / "adapter_config.json").is_file()
 
@@ -129,6 +138,21 @@ def test_shipped_config_loads():
 
     cfg = load_talkmesh_config("configs/talkmesh-small.yaml")
     assert cfg.suites[0].name == "gsm_symbolic" and cfg.policy.engine == "vllm" and cfg.talkmesh.samples == 32
+    arith = load_talkmesh_config("configs/talkmesh-arith.yaml")
+    assert arith.suites[0].name == "basic_arithmetic" and arith.talkmesh == cfg.talkmesh
+
+
+def test_arith_config_has_enough_distinct_problems():
+    """Freezing drops duplicate problems; talkmesh-arith's suite must still fill both splits."""
+    from tasks.records.freeze import split_by_hash
+    from tasks.records.suites.base import load_suite
+    from tasks.talkmesh.config import load_talkmesh_config
+
+    cfg = load_talkmesh_config("configs/talkmesh-arith.yaml")
+    tasks = {t.task_hash: t for t in load_suite(cfg.suites[0])}
+    splits = split_by_hash(list(tasks.values()), cfg.split.test_fraction)
+    n_test = sum(s == "test" for s in splits.values())
+    assert n_test >= cfg.talkmesh.test_problems and len(splits) - n_test >= cfg.talkmesh.train_problems
 
 
 def test_same_config_same_bytes(tiny_model_dir, tmp_path):
