@@ -59,9 +59,10 @@ TALKMESH_SUMMARY = register_contract(Contract(
        ("outputs_spent", pa.float64()), ("consensus_rate", pa.float64()), ("revisions", pa.int32()),
        ("kept", pa.int32()), ("hints_ignored", pa.int32())),
     [("unique", "condition"), ("between", "accuracy", 0.0, 1.0)],
-    "P3: one row per evaluated condition (mesh with the base or the trained talk policy, collusion with and "
-    "without the defence, and majority vote over the agents' answers under collusion); outputs_spent is the "
-    "mean per problem.",
+    "P3: one row per evaluated condition (the mesh's agents voting without talk, majority-agents and "
+    "confidence-weighted-agents; the mesh with the base or the trained talk policy; collusion with and without "
+    "the defence, and majority vote over the agents' answers under collusion); outputs_spent is the mean per "
+    "problem. The paired contrasts between conditions are in the manifest's extra.contrasts.",
 ))
 
 TALKMESH_CALIBRATION = register_contract(Contract(

@@ -13,11 +13,12 @@ the mesh against majority and confidence-weighted vote, the collusion experiment
 4. **Evaluation** on the test problems: vote curves for k = 1..K; the mesh (agents = the first N
    samples) with the base talk policy and with the trained one; for each m in ``colluders``: the
    undefended and the defended mesh and majority vote over the N agents' answers, m of them
-   poisoned. The mesh's own N agents voting without talk (majority and confidence-weighted) are
-   the paired baselines: each mesh condition is contrasted with them problem by problem
-   (:func:`tasks.talkmesh.report.paired_contrasts`). Colluders are a seeded draw of m agents; their poisoned answer is the smallest
+   poisoned. Colluders are a seeded draw of m agents; their poisoned answer is the smallest
    integer offset (+1, -1, +2, ...) of the reference answer that the verifier grades wrong (a
-   worst-case adversary knows the answer; the agents never see it).
+   worst-case adversary knows the answer; the agents never see it). The mesh's own N agents
+   voting without talk (majority and confidence-weighted) are its paired baselines: each mesh
+   condition is contrasted with them problem by problem
+   (:func:`tasks.talkmesh.report.paired_contrasts`).
 5. Tables under ``talkmesh/`` (Parquet, contracts in :mod:`tasks.talkmesh.contracts`), the talk
    adapter, ``report.md`` and ``accuracy_vs_outputs.png``.
 """
