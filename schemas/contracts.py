@@ -566,7 +566,8 @@ TRAINING_STABILITY = _register(
         ),
         [("unique", "arm")],
         "Per training arm: first and last mean reward, last and largest per-token KL (nats), steps with a NaN/inf "
-        "loss or gradient norm or an infinite KL (a NaN KL means no KL term), and stable = finite and KL <= analyze.divergence_kl throughout (reason otherwise).",
+        "loss or gradient norm or an infinite KL (a NaN KL means no KL term), and stable = finite and KL <= "
+        "analyze.divergence_kl throughout (reason otherwise).",
     )
 )
 

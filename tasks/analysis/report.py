@@ -98,8 +98,8 @@ def render_report(inp: ReportInputs) -> str:
             rows.append([r["arm"], a.get("algorithm", ""), kl, regime, str(r["steps"]), _f(r["first_reward"]),
                          _f(r["final_reward"]), _f(r["final_kl"], ".5f"), _f(r["max_kl"], ".5f"),
                          "yes" if r["stable"] else f"**no**: {r['reason']}"])
-        out += ["Training arms (stable: every loss and gradient norm finite, KL finite where computed (n/a: no KL term) and below "
-                "the divergence threshold):",
+        out += ["Training arms (stable: every loss and gradient norm finite, KL finite where computed (n/a: no KL "
+                "term) and below the divergence threshold):",
                 ""]
         out += _table(["arm", "objective", "KL", "sampling", "steps", "first reward", "last reward", "last KL",
                        "max KL", "stable"], rows, "llllrrrrrl") + [""]

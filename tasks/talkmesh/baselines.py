@@ -1,5 +1,6 @@
 """Sampling baselines of the TalkMesh evaluation: majority vote and confidence-weighted vote over
-k samples, k = 1..K, as accuracy against outputs spent (k outputs for k samples).
+k samples, k = 1..K, as accuracy against outputs spent (k outputs for k samples); and the paired
+contrasts between evaluated conditions on the same problems.
 
 Accuracy at k is averaged over ``resamples`` orderings of each problem's K samples (ordering 0 is
 the sampled order, the others are seeded permutations): the first k of an ordering are the k
@@ -57,4 +58,53 @@ def vote_curves(answers: Sequence[Sequence[str | None]], confidences: Sequence[S
                     hits += bool(correct[p].get(weighted_vote(votes), False))
             rows.append({"method": method, "k": k, "outputs_spent": float(k),
                          "accuracy": hits / (len(answers) * len(orders)), "problems": len(answers)})
+    return rows
+
+
+def contrast_pairs(colluders: list[int]) -> list[tuple[str, str]]:
+    """The (a, b) condition pairs the report contrasts, a - b: the mesh (base and trained talk)
+    against its own agents voting without talk, the trained talk against the base talk, and for
+    each m in ``colluders`` the defended mesh against the undefended one and both against majority
+    vote under the same colluders."""
+    pairs = [("mesh-base", "majority-agents"), ("mesh-base", "confidence-weighted-agents"),
+             ("mesh-talk", "majority-agents"), ("mesh-talk", "mesh-base")]
+    for m in colluders:
+        c = f"collusion-m{m}"
+        pairs += [(f"{c}-defended", f"{c}-undefended"), (f"{c}-defended", f"{c}-majority"),
+                  (f"{c}-undefended", f"{c}-majority")]
+    return pairs
+
+
+def paired_contrasts(per_problem: dict[str, list[bool]], pairs: list[tuple[str, str]], *, resamples: int,
+                     seed: int, level: float = 0.95) -> list[dict[str, Any]]:
+    """Accuracy differences between conditions on the same test problems, with a problem-resampling
+    paired bootstrap interval (:func:`tasks.evaluate.stats.paired_bootstrap`; Efron & Tibshirani
+    1993, ch. 13).
+
+    Args:
+        per_problem: condition -> correct (bool) per test problem, every list in one problem order.
+        pairs: (a, b) condition pairs; a pair naming a condition not in ``per_problem`` is skipped
+            (e.g. the trained talk when ``train_talk`` is off).
+        resamples, seed, level: of the bootstrap.
+
+    Returns:
+        Rows ``{"a", "b", "problems", "accuracy_a", "accuracy_b", "difference", "ci_low", "ci_high",
+        "p_value"}`` (accuracy as a fraction of problems, difference = accuracy_a - accuracy_b).
+
+    Raises:
+        ValueError: the two lists of a pair differ in length or are empty.
+    """
+    import numpy as np
+
+    from tasks.evaluate.stats import paired_bootstrap
+
+    rows = []
+    for a, b in pairs:
+        if a not in per_problem or b not in per_problem:
+            continue
+        xa = np.asarray(per_problem[a], dtype=np.float64)
+        xb = np.asarray(per_problem[b], dtype=np.float64)
+        est, lo, hi, p = paired_bootstrap(xa, xb, resamples, seed, level)
+        rows.append({"a": a, "b": b, "problems": int(xa.size), "accuracy_a": float(xa.mean()),
+                     "accuracy_b": float(xb.mean()), "difference": est, "ci_low": lo, "ci_high": hi, "p_value": p})
     return rows

@@ -12,55 +12,6 @@ def _f(x: float | None, d: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{d}f}"
 
 
-def contrast_pairs(colluders: list[int]) -> list[tuple[str, str]]:
-    """The (a, b) condition pairs the report contrasts, a - b: the mesh (base and trained talk)
-    against its own agents voting without talk, the trained talk against the base talk, and for
-    each m in ``colluders`` the defended mesh against the undefended one and both against majority
-    vote under the same colluders."""
-    pairs = [("mesh-base", "majority-agents"), ("mesh-base", "confidence-weighted-agents"),
-             ("mesh-talk", "majority-agents"), ("mesh-talk", "mesh-base")]
-    for m in colluders:
-        c = f"collusion-m{m}"
-        pairs += [(f"{c}-defended", f"{c}-undefended"), (f"{c}-defended", f"{c}-majority"),
-                  (f"{c}-undefended", f"{c}-majority")]
-    return pairs
-
-
-def paired_contrasts(per_problem: dict[str, list[bool]], pairs: list[tuple[str, str]], *, resamples: int,
-                     seed: int, level: float = 0.95) -> list[dict[str, Any]]:
-    """Accuracy differences between conditions on the same test problems, with a problem-resampling
-    paired bootstrap interval (:func:`tasks.evaluate.stats.paired_bootstrap`; Efron & Tibshirani
-    1993, ch. 13).
-
-    Args:
-        per_problem: condition -> correct (bool) per test problem, every list in one problem order.
-        pairs: (a, b) condition pairs; a pair naming a condition not in ``per_problem`` is skipped
-            (e.g. the trained talk when ``train_talk`` is off).
-        resamples, seed, level: of the bootstrap.
-
-    Returns:
-        Rows ``{"a", "b", "problems", "accuracy_a", "accuracy_b", "difference", "ci_low", "ci_high",
-        "p_value"}`` (accuracy as a fraction of problems, difference = accuracy_a - accuracy_b).
-
-    Raises:
-        ValueError: the two lists of a pair differ in length or are empty.
-    """
-    import numpy as np
-
-    from tasks.evaluate.stats import paired_bootstrap
-
-    rows = []
-    for a, b in pairs:
-        if a not in per_problem or b not in per_problem:
-            continue
-        xa = np.asarray(per_problem[a], dtype=np.float64)
-        xb = np.asarray(per_problem[b], dtype=np.float64)
-        est, lo, hi, p = paired_bootstrap(xa, xb, resamples, seed, level)
-        rows.append({"a": a, "b": b, "problems": int(xa.size), "accuracy_a": float(xa.mean()),
-                     "accuracy_b": float(xb.mean()), "difference": est, "ci_low": lo, "ci_high": hi, "p_value": p})
-    return rows
-
-
 def plot_png(curves: list[dict[str, Any]], summary: list[dict[str, Any]]) -> bytes:
     """PNG bytes: accuracy against outputs spent per problem for majority vote and
     confidence-weighted vote (lines, k = 1..K) and each mesh condition without colluders (points).
@@ -93,8 +44,8 @@ def plot_png(curves: list[dict[str, Any]], summary: list[dict[str, Any]]) -> byt
 def report_markdown(cfg: TalkMeshRunConfig, curves: list[dict[str, Any]], summary: list[dict[str, Any]],
                     calib: list[dict[str, Any]], talk_rows: list[dict[str, Any]], train_steps: list[dict[str, Any]],
                     timing: dict[str, float], contrasts: list[dict[str, Any]] | None = None) -> str:
-    """The report: the mesh and baselines table, the paired contrasts (:func:`paired_contrasts`
-    rows), the vote curve at a few k, the head's calibration, the talk training batch and steps,
+    """The report: the mesh and baselines table, the paired contrasts
+    (:func:`tasks.talkmesh.baselines.paired_contrasts` rows), the vote curve at a few k, the head's calibration, the talk training batch and steps,
     and the wall-clock timing."""
     tm = cfg.talkmesh
     acc = {(r["method"], r["k"]): r["accuracy"] for r in curves}
@@ -112,7 +63,8 @@ def report_markdown(cfg: TalkMeshRunConfig, curves: list[dict[str, Any]], summar
                    f"| {r['kept']} | {r['hints_ignored']} |")
     if contrasts:
         out += ["", "## Paired contrasts (same test problems; 95% problem-resampling bootstrap)", "",
-                "| a | b | problems | accuracy a | accuracy b | a - b | 95% CI | p |", "|---|---|---|---|---|---|---|---|"]
+                "| a | b | problems | accuracy a | accuracy b | a - b | 95% CI | p |",
+                "|---|---|---|---|---|---|---|---|"]
         out += [f"| {c['a']} | {c['b']} | {c['problems']} | {_f(c['accuracy_a'])} | {_f(c['accuracy_b'])} | "
                 f"{c['difference']:+.3f} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['p_value']:.3f} |"
                 for c in contrasts]

@@ -18,7 +18,7 @@ the mesh against majority and confidence-weighted vote, the collusion experiment
    worst-case adversary knows the answer; the agents never see it). The mesh's own N agents
    voting without talk (majority and confidence-weighted) are its paired baselines: each mesh
    condition is contrasted with them problem by problem
-   (:func:`tasks.talkmesh.report.paired_contrasts`).
+   (:func:`tasks.talkmesh.baselines.paired_contrasts`).
 5. Tables under ``talkmesh/`` (Parquet, contracts in :mod:`tasks.talkmesh.contracts`), the talk
    adapter, ``report.md`` and ``accuracy_vs_outputs.png``.
 """
@@ -279,7 +279,8 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
         finally:
             _close(trained)
     timing["total_s"] = time.perf_counter() - t_start
-    from tasks.talkmesh.report import contrast_pairs, paired_contrasts, plot_png, report_markdown
+    from tasks.talkmesh.baselines import contrast_pairs, paired_contrasts
+    from tasks.talkmesh.report import plot_png, report_markdown
 
     contrasts = paired_contrasts(per_problem, contrast_pairs(tm.colluders), resamples=tm.bootstrap_resamples,
                                  seed=seed_from(cfg.seed, "talkmesh", "bootstrap") % 2**31)

@@ -93,6 +93,11 @@ def test_tiny_talkmesh_run(tiny_model_dir, tmp_path):
     assert mb["difference"] == pytest.approx(summary["mesh-base"]["accuracy"] - 1.0)
     assert mb["ci_low"] <= mb["difference"] <= mb["ci_high"]
     assert ("collusion-m2-defended", "collusion-m2-majority") in contrasts
+    # every contrast is between the conditions' own accuracies on the same problems
+    assert len(contrasts) == 7
+    for (a, b), c in contrasts.items():
+        assert (c["accuracy_a"], c["accuracy_b"]) == (summary[a]["accuracy"], summary[b]["accuracy"])
+        assert c["difference"] == pytest.approx(c["accuracy_a"] - c["accuracy_b"])
     # threshold 1.0: every agent but the source revises, adopting the source's answer and keeping it only
     # when it scores higher; one hint per problem (full topology)
     msgs = store.rows(refs["talkmesh_messages"])
@@ -171,3 +176,9 @@ def test_same_config_same_bytes(tiny_model_dir, tmp_path):
         shas.append({n: r.sha256 for n, r in refs.items()})
         shas[-1]["png"] = (tmp_path / str(k) / "talkmesh" / "accuracy_vs_outputs.png").read_bytes()
     assert "talkmesh_talk_sequences" not in shas[0] and shas[0] == shas[1]
+    # without talk training there is no mesh-talk, so its contrasts are skipped, not faked
+    extra = ArtifactStore(tmp_path / "0").manifest("talkmesh", "talkmesh_summary")["extra"]
+    assert {(c["a"], c["b"]) for c in extra["contrasts"]} == {
+        ("mesh-base", "majority-agents"), ("mesh-base", "confidence-weighted-agents"),
+        ("collusion-m2-defended", "collusion-m2-undefended"), ("collusion-m2-defended", "collusion-m2-majority"),
+        ("collusion-m2-undefended", "collusion-m2-majority")}
