@@ -45,8 +45,8 @@ def report_markdown(cfg: TalkMeshRunConfig, curves: list[dict[str, Any]], summar
                     calib: list[dict[str, Any]], talk_rows: list[dict[str, Any]], train_steps: list[dict[str, Any]],
                     timing: dict[str, float], contrasts: list[dict[str, Any]] | None = None) -> str:
     """The report: the mesh and baselines table, the paired contrasts
-    (:func:`tasks.talkmesh.baselines.paired_contrasts` rows), the vote curve at a few k, the head's calibration, the talk training batch and steps,
-    and the wall-clock timing."""
+    (:func:`tasks.talkmesh.baselines.paired_contrasts` rows), the vote curve at a few k, the
+    head's calibration, the talk training batch and steps, and the wall-clock timing."""
     tm = cfg.talkmesh
     acc = {(r["method"], r["k"]): r["accuracy"] for r in curves}
     out = [f"# TalkMesh ({cfg.name})", "",
