@@ -47,7 +47,8 @@ class ScriptedRunner:
                 ok = not infra and (u - self.infra_rate) / max(1.0 - self.infra_rate, 1e-12) < p
                 eps.append({"episode_id": sha256_json([r["record_id"], tag, i, s]), "record": r, "sample_idx": i,
                             "seed": s, "policy_id": "scripted", "reward": 1.0 if ok else 0.0, "success": ok,
-                            "status": "infra_error" if infra else "ok", "num_turns": 1, "input_tokens": 1,
+                            "status": "infra_error" if infra else "ok",
+                            "stop_reason": "infra_error" if infra else "submitted", "num_turns": 1, "input_tokens": 1,
                             "output_tokens": 1, "final_answer": "ok" if ok else "no"})
                 answer = "ok" if ok else "no"
                 calls = ([{"tool": "submit", "impl": "submit", "args": {"answer": answer}}]
