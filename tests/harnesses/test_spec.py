@@ -4,7 +4,8 @@ import yaml
 from tasks.harnesses.spec import HarnessError, load_harness
 
 
-SHIPPED = ["aider-like", "direct", "openhands-like", "qwen-code-like", "react-python", "react-python-skill", "swe-agent-like", "talkmesh", "web-react"]
+SHIPPED = ["aider-like", "answer-tag", "direct", "openhands-like", "qwen-code-like", "react-python",
+           "react-python-skill", "swe-agent-like", "talkmesh", "web-react"]
 
 
 def test_every_shipped_family_loads_with_its_loop_and_format():
@@ -14,6 +15,7 @@ def test_every_shipped_family_loads_with_its_loop_and_format():
     got = {n: (load_harness(n).action_format, load_harness(n).loop_type) for n in SHIPPED}
     assert got == {
         "aider-like": ("search_replace", "reflect_on_test_failure"),
+        "answer-tag": ("final_answer", "single_turn"),
         "direct": ("final_answer", "single_turn"),
         "openhands-like": ("fenced_code", "codeact"),
         "qwen-code-like": ("function_call", "react"),
