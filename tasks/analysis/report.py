@@ -44,6 +44,7 @@ class ReportInputs:
     eval_contrasts: list[dict[str, Any]]
     mismatch: list[dict[str, Any]]
     predictors: list[dict[str, Any]] = field(default_factory=list)
+    p1_points: list[dict[str, Any]] = field(default_factory=list)
     step_mismatch: list[dict[str, Any]] = field(default_factory=list)
     log_odds: list[dict[str, Any]] = field(default_factory=list)
     leakage: list[dict[str, Any]] = field(default_factory=list)
@@ -163,9 +164,10 @@ def render_report(inp: ReportInputs) -> str:
                  _f(r["pass_at_1"]), _f(r["ceiling"]), _f(r["mismatch"]), _f(r.get("ceiling_kl_soft")),
                  _f(r.get("mismatch_kl_soft")), _f(r.get("mismatch_step")), _f(r.get("predicted_return"))]
                 for r in inp.mismatch]
-        out += [f"C = pass@{k} ceiling (unbiased estimator); C_soft = KL-soft ceiling p e^(1/b) / (1 - p + p e^(1/b)) "
-                f"with p the reference's pass@1 under the harness and b = {_f(beta, 'g')}; M = C - pass@1; "
-                "M_step = per-step mismatch by branching (where computed); predicted return = C - M_step.", ""]
+        out += [f"C = pass@{k} ceiling (unbiased estimator); C_soft = KL-soft ceiling, per task then averaged: the mean "
+                f"over tasks of p e^(1/b) / (1 - p + p e^(1/b)) with p the reference's pass rate on the task and "
+                f"b = analyze.kl_beta = {_f(beta, 'g')}; M = C - pass@1; M_step = per-step mismatch by branching "
+                "(n/a: not computed); C - M_step = P1's predicted return.", ""]
         out += _table(["checkpoint", "harness", "tasks", "graded", "infra", "pass@1", "C", "M", "C_soft",
                        "C_soft - pass@1", "M_step", "C - M_step"], rows, "ll" + "r" * 10) + [""]
     out += _figure(inp, "ceiling_vs_return", "ceiling vs deployed return")
@@ -178,14 +180,27 @@ def render_report(inp: ReportInputs) -> str:
                 "summed over the episode (telescopes to V*_K(s_0) - success).", ""]
         out += _table(["checkpoint", "harness", "episodes", "states", "V*_K(s_0)", "success", "M_step",
                        "complete episodes", "mean m_t by turn", "replay divergences"], rows, "ll" + "r" * 8) + [""]
+    if inp.p1_points:
+        ref = inp.p1_points[0]["reference"]
+        rows = [[p["checkpoint"], p["harness_name"], _f(p["C"]), _f(p["C_kl_soft"]), _f(p["M"]), _f(p["M_step"]),
+                 _f(p["C_minus_M"]), _f(p["C_minus_M_step"]), _f(p["gain"], "+.3f"), _f(p["trained_return"])]
+                for p in inp.p1_points]
+        out += [f"P1's claim test, one point per (trained checkpoint, harness): the predictors measured on `{ref}` (the "
+                "base policy) under the harness, the targets on the checkpoint (gain = its pass@1 minus the base's). "
+                "With the simple estimator C - M is the base's pass@1 by construction; C - M_step is the claim.", ""]
+        out += _table(["checkpoint", "harness", "C", "C_soft", "M", "M_step", "C - M", "C - M_step", "RL gain",
+                       "trained return"], rows, "ll" + "r" * 8) + [""]
     if inp.predictors:
-        rows = [[r["target"], r["predictor"], _f(r["r2"]), f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]",
-                 str(r["n_points"]), _f(r["slope"]), "yes" if r["degenerate"] else ""] for r in inp.predictors]
-        out += ["R^2 of each predictor (taken from the reference checkpoint under the harness) of the RL gain and of "
-                "the trained checkpoint's return, over (trained checkpoint, harness) points; task-clustered bootstrap "
-                "intervals. With a handful of points these intervals are wide: read them, not the point estimates.",
-                ""]
-        out += _table(["target", "predictor", "R^2", "interval", "points", "slope", "degenerate"], rows,
+        names = {"C": "C", "C_kl_soft": "C_soft", "M": "M", "M_step": "M_step", "C_minus_M": "C - M",
+                 "C_minus_M_step": "C - M_step"}
+        rows = [[r["target"], names.get(r["predictor"], r["predictor"]), str(r["n_points"]),
+                 _f(r["r2"]) if not r["na_reason"] else "n/a",
+                 f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]" if not r["na_reason"] else "",
+                 _f(r["slope"]) if not r["na_reason"] else "", r["na_reason"]] for r in inp.predictors]
+        out += ["R^2 of each predictor of the RL gain and of the trained return over those points, with task-clustered "
+                "bootstrap intervals; n/a with the reason where the statistic is undefined or degenerate (fewer than "
+                "5 points, a constant predictor or target, a predictor not measured).", ""]
+        out += _table(["target", "predictor", "points", "R^2", "interval", "slope", "n/a because"], rows,
                       "llrrrrl") + [""]
     out += _figure(inp, "r2_comparison", "R^2 comparison")
     if inp.log_odds:
