@@ -315,10 +315,13 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
             store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
             evals, store.rows(inputs["eval_turns"], contract="turns"), mesh_names)
     store.write_text(REPORT, report)
+    def f3(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
     for r in mismatch:
-        log.info("%s / %s: pass@1 %.3f, ceiling pass@%d %s, mismatch %s", r["checkpoint"], r["harness_name"],
-                 r["pass_at_1"], r["ceiling_k"], "n/a" if r["ceiling"] is None else f"{r['ceiling']:.3f}",
-                 "n/a" if r["mismatch"] is None else f"{r['mismatch']:.3f}")
+        log.info("%s / %s: pass@1 %s, ceiling pass@%d %s, mismatch %s, KL-soft ceiling (b %s) %s", r["checkpoint"],
+                 r["harness_name"], f3(r["pass_at_1"]), r["ceiling_k"], f3(r["ceiling"]), f3(r["mismatch"]),
+                 r["kl_beta"], f3(r["ceiling_kl_soft"]))
     for r in predictors:
         if r["na_reason"]:
             log.info("R^2 %s ~ %s: n/a (%s)", r["target"], r["predictor"], r["na_reason"])
