@@ -201,8 +201,6 @@ def test_online_off_policy_training_stage_on_the_frozen_records(run, tiny_model_
 
 def test_sealed_statistics_and_exports_of_the_run(run):
     """The matrix, the pre-registered contrasts (final - base per harness) and the exports."""
-    import json
-
     cfg, rd, result = run
     store = ArtifactStore(rd)
     outs = result["evaluate"]["outputs"]
