@@ -181,8 +181,8 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
         return publish_report(store.url)
 
     keys = show()
-    assert "harnessrl-report" in keys and "harnessrl-mismatch" in keys and "harnessrl-leakage" in keys
-    assert "harnessrl-plot-leakage" in keys and "harnessrl-plot-leakage-file" in keys
+    assert keys[-1] == "harnessrl-report" and "harnessrl-mismatch" in keys and "harnessrl-leakage" in keys
+    assert "harnessrl-p1-points" in keys and "harnessrl-report-file" in keys
 
     import asyncio
 
@@ -193,6 +193,8 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
             return await c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
 
     arts = {a.key: a for a in asyncio.run(fetch())}
-    assert arts["harnessrl-plot-leakage"].type == "image"
-    assert str(arts["harnessrl-plot-leakage"].data).startswith("data:image/png;base64,")
-    assert "file://" in str(arts["harnessrl-plot-leakage-file"].data)
+    report = arts["harnessrl-report"].data
+    figs = store.list_files("analyze/plots")
+    assert "](plots/" not in report and report.count("](data:image/png;base64,") == len(figs) == 6
+    assert arts["harnessrl-report"].flow_run_id != arts["harnessrl-mismatch"].flow_run_id  # tables: a subflow run
+    assert "file://" in str(arts["harnessrl-report-file"].data)
