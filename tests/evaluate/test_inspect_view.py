@@ -22,7 +22,7 @@ SHOTS = Path(os.environ.get("HARNESSRL_SCREENSHOTS", "/tmp/harnessrl-screenshots
 def test_inspect_view_shows_the_sealed_samples(tmp_path):
     require("chromium", chromium_missing())
     from tests.evaluate.test_stage import _cfg, _run
-    from tests.flows.test_report_ui import _driver, _wait
+    from tests.flows._browser import driver_for as _driver, wait_js as _wait
 
     _, store, _, out, *_ = _run(tmp_path, cfg=_cfg(infra_retries=1, bootstrap_resamples=200))
     rows = [r for r in store.rows(out["evaluations"]) if r["checkpoint"] == "base" and r["harness_name"] == "direct"]
