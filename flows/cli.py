@@ -142,6 +142,7 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
     """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain); exit 1 on any change."""
     from schemas import ArtifactError, ArtifactStore
     from tasks.evaluate.seal import SealError
+    from tasks.evaluate.exports import check_inspect_logs
     from tasks.evaluate.stage import verify_run
 
     if not run_dir.is_dir():
@@ -149,6 +150,7 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
         raise typer.Exit(2)
     try:
         rep = verify_run(ArtifactStore(run_dir))
+        check_inspect_logs(str(run_dir), strict=True)  # the Inspect logs against the sealed rows (SealError)
     except (SealError, ArtifactError, KeyError, ValueError) as e:
         typer.secho(f"VERIFY FAILED: {e}", fg="red", err=True)
         raise typer.Exit(1)

@@ -99,52 +99,61 @@ UI_TABLES = {
     "training-stability": ("analyze", "training_stability", "per arm: reward, KL, stability"),
     "kl-check": ("analyze", "kl_check", "P5: gradient bias of each KL configuration (enumeration)"),
     "mismatch": ("analyze", "mismatch", "P1: ceilings and mismatch per checkpoint x harness"),
-    "predictors": ("analyze", "predictors", "P1: R^2 of C, M and C - M with bootstrap intervals"),
+    "p1-points": ("analyze", "p1_points", "P1: C, C_soft, M, M_step, C - M, C - M_step of the base vs gain, return"),
+    "predictors": ("analyze", "predictors", "P1: R^2 of each predictor with bootstrap intervals, or n/a with the reason"),
     "log-odds": ("analyze", "log_odds", "P1: log-odds check per checkpoint x harness"),
     "leakage": ("analyze", "leakage", "P4: zero-advantage groups and harness-identity leakage"),
     "action-jsd": ("analyze", "action_jsd", "P4: action-distribution JSD (bits)"),
 }
-# Inline images larger than this are published as links only (bytes of PNG).
-MAX_INLINE_PNG = 512 * 1024
+# Inline figures larger than this stay file references in the UI's report (bytes of PNG).
+MAX_INLINE_PNG = 1024 * 1024
 
 
-def publish_report(run_dir: str) -> list[str]:
-    """Publish the run's report to the calling flow run (the pipeline) so the Prefect UI shows it:
-    ``analyze/report.md`` as a markdown artifact (key ``harnessrl-report``), the analysis tables as
-    table artifacts (``harnessrl-<table>``), each figure as an image artifact (inline PNG data URL,
-    key ``harnessrl-plot-<name>``) and a link artifact to its file in the run folder. Returns the
-    keys published. Call inside a flow run."""
-    import base64
-
-    from prefect.artifacts import (create_image_artifact, create_link_artifact, create_markdown_artifact,
-                                   create_table_artifact)
+@flow(name="report-tables")
+def report_tables_flow(run_dir: str) -> list[str]:
+    """The analysis tables as table artifacts (``harnessrl-<table>``) and a link artifact to the
+    report file (``harnessrl-report-file``), in a subflow run of their own so the calling flow
+    run's artifacts tab holds the report alone (the Prefect UI does not order a run's artifacts by
+    creation). Returns the keys."""
+    from prefect.artifacts import create_link_artifact, create_table_artifact
 
     from schemas import ArtifactStore
 
     store = ArtifactStore(run_dir)
     keys = []
-    if store.exists("analyze/report.md"):
-        create_markdown_artifact(key="harnessrl-report", markdown=store.read_bytes("analyze/report.md").decode(),
-                                 description=f"harnessrl report of {run_dir}")
-        keys.append("harnessrl-report")
     for suffix, (stage, name, desc) in UI_TABLES.items():
         if store.exists(f"{stage}/{name}.parquet"):
             rows = store.rows((stage, name))
             if rows:
                 create_table_artifact(table=rows, key=f"harnessrl-{suffix}", description=desc)
                 keys.append(f"harnessrl-{suffix}")
-    plots = [p.rsplit("/", 1)[-1] for p in store.list_files("analyze/plots") if p.endswith(".png")]
-    for fname in plots:
-        rel = f"analyze/plots/{fname}"
-        slug = fname[:-4].replace("_", "-")
-        url = store.url_of(rel)
-        create_link_artifact(key=f"harnessrl-plot-{slug}-file", link=url, link_text=fname,
-                             description=f"figure {fname} of {run_dir}")
-        keys.append(f"harnessrl-plot-{slug}-file")
-        png = store.read_bytes(rel)
-        if len(png) <= MAX_INLINE_PNG:
-            create_image_artifact(key=f"harnessrl-plot-{slug}",
-                                  image_url="data:image/png;base64," + base64.b64encode(png).decode(),
-                                  description=f"figure {fname}")
-            keys.append(f"harnessrl-plot-{slug}")
+    if store.exists("analyze/report.md"):
+        create_link_artifact(key="harnessrl-report-file", link=store.url_of("analyze/report.md"),
+                             link_text="analyze/report.md", description=f"the report file of {run_dir}")
+        keys.append("harnessrl-report-file")
+    return keys
+
+
+def publish_report(run_dir: str) -> list[str]:
+    """Publish the run's report to the calling flow run (the pipeline) so the Prefect UI shows it
+    as the run's first (and only) artifact: ``analyze/report.md`` as the markdown artifact
+    ``harnessrl-report`` with its figures inlined as data URIs
+    (:func:`tasks.analysis.report.inline_figures`: no relative image path to break). The analysis
+    tables and a link to the report file go to the subflow run ``report-tables``
+    (:func:`report_tables_flow`). Returns every key published, the report's last. Call inside a
+    flow run."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from schemas import ArtifactStore
+    from tasks.analysis.report import inline_figures
+
+    store = ArtifactStore(run_dir)
+    keys = report_tables_flow(run_dir)
+    if store.exists("analyze/report.md"):
+        def png_of(rel: str) -> bytes | None:
+            return store.read_bytes(f"analyze/{rel}") if store.exists(f"analyze/{rel}") else None
+
+        markdown = inline_figures(store.read_bytes("analyze/report.md").decode(), png_of, MAX_INLINE_PNG)
+        create_markdown_artifact(key="harnessrl-report", markdown=markdown, description=f"harnessrl report of {run_dir}")
+        keys.append("harnessrl-report")
     return keys

@@ -363,7 +363,7 @@ EVAL_CONTRASTS = _register(
 MISMATCH = _register(
     Contract(
         "mismatch",
-        2,
+        3,
         _s(
             ("checkpoint", pa.string()),
             ("harness_name", pa.string()),
@@ -391,8 +391,10 @@ MISMATCH = _register(
             ("between", "mismatch_kl_soft", -1.0, 1.0),
             ("compound_unique", ("checkpoint", "harness_name")),
         ],
-        "P1 per checkpoint and evaluation harness: ceiling C = pass@K (unbiased), the KL-soft ceiling from the "
-        "reference checkpoint's pass@1 (ref_pass_at_1) at kl_beta, mismatch = C - pass@1, mismatch_kl_soft = "
+        "P1 per checkpoint and evaluation harness: ceiling C = pass@K (unbiased), the KL-soft ceiling "
+        "ceiling_kl_soft = mean over tasks of J(p_x) = p_x e^(1/b) / (1 - p_x + p_x e^(1/b)) with p_x the reference "
+        "checkpoint's pass rate on task x and b = kl_beta (per task, then averaged; ref_pass_at_1 is the mean of "
+        "p_x), mismatch = C - pass@1, mismatch_kl_soft = "
         "C_soft - pass@1 (negative when the policy beats the soft ceiling), mismatch_step = the per-step estimate "
         "by branching (null where not computed) and predicted_return = C - mismatch_step.",
     )
@@ -401,7 +403,7 @@ MISMATCH = _register(
 PREDICTORS = _register(
     Contract(
         "predictors",
-        1,
+        2,
         _s(
             ("target", pa.string()),
             ("predictor", pa.string()),
@@ -411,19 +413,48 @@ PREDICTORS = _register(
             ("n_points", pa.int32()),
             ("slope", pa.float64()),
             ("intercept", pa.float64()),
-            ("degenerate", pa.bool_()),
+            ("na_reason", pa.string()),
             ("predictor_bootstrapped", pa.bool_()),
             ("resamples", pa.int64()),
             ("resamples_valid", pa.int64()),
             ("seed", pa.int64()),
             ("level", pa.float64()),
         ),
-        [("compound_unique", ("target", "predictor")), ("between", "r2", 0.0, 1.0)],
-        "P1's claim test: R^2 of a one-predictor OLS fit (C, C_kl_soft, M, C - M of the reference checkpoint under a "
-        "harness) of the RL gain and of the trained return over (trained checkpoint, harness) points, with "
-        "task-clustered bootstrap percentile intervals at level; degenerate = a side had zero variance (R^2 set to 0); "
-        "predictor_bootstrapped = False for a fixed predictor (M_step), whose interval resamples the target only; "
-        "ceiling_tasks in mismatch = tasks with >= K graded attempts.",
+        [("compound_unique", ("target", "predictor")), ("between", "r2", 0.0, 1.0), ("not_null", "na_reason")],
+        "P1's claim test: R^2 of a one-predictor OLS fit (C, C_kl_soft, M, M_step, C - M, C - M_step of the reference "
+        "checkpoint under a harness) of the RL gain and of the trained return over (trained checkpoint, harness) "
+        "points, with task-clustered bootstrap percentile intervals at level. r2, slope, intercept and the interval "
+        "are null, and na_reason says why, when the statistic is undefined or degenerate: fewer than 5 points, a "
+        "constant predictor or target, M_step not measured; na_reason is '' when r2 is reported. "
+        "predictor_bootstrapped = False for M_step (fixed: its interval resamples the target only).",
+    )
+)
+
+P1_POINTS = _register(
+    Contract(
+        "p1_points",
+        1,
+        _s(
+            ("checkpoint", pa.string()),
+            ("harness_name", pa.string()),
+            ("reference", pa.string()),
+            ("ref_pass_at_1", pa.float64()),
+            ("C", pa.float64()),
+            ("C_kl_soft", pa.float64()),
+            ("M", pa.float64()),
+            ("M_step", pa.float64()),
+            ("C_minus_M", pa.float64()),
+            ("C_minus_M_step", pa.float64()),
+            ("gain", pa.float64()),
+            ("trained_return", pa.float64()),
+        ),
+        [("compound_unique", ("checkpoint", "harness_name")), ("between", "C", 0.0, 1.0),
+         ("between", "C_kl_soft", 0.0, 1.0), ("between", "trained_return", 0.0, 1.0), ("between", "gain", -1.0, 1.0)],
+        "The points of P1's claim test, one per (trained checkpoint, harness): the predictors measured on the "
+        "reference checkpoint (the base policy) under the harness (C = pass@K ceiling, C_kl_soft = KL-soft ceiling "
+        "per task then averaged, M = C - pass@1, M_step = per-step mismatch by branching, C_minus_M, C_minus_M_step) "
+        "and the targets of the checkpoint (gain = its pass@1 minus the reference's, trained_return = its pass@1); "
+        "null where not measured.",
     )
 )
 

@@ -538,7 +538,11 @@ class AnalyzeConfig(_Strict):
     """Analysis options (METHODS.md P1 and P4).
 
     ``ceiling_k``: the K of the pass@K harness ceiling (<= ``evaluate.attempts``). ``kl_beta``: the
-    beta of the KL-soft ceiling (None: ``train.kl.beta`` when > 0, else no soft ceiling).
+    beta b of P1's KL-soft ceiling J(p) = p e^{1/b} / (1 - p + p e^{1/b}), per task then averaged
+    (reward units per nat; None: no soft ceiling). Its default 1.0 is chosen for the ceiling (a
+    unit reward is worth one nat of divergence from the harness's preferences: each task's odds of
+    success times e), not taken from ``train.kl.beta`` (at 0.05, J is ~1 for any task with one
+    success); see docs/analyses.md.
     ``reference``: the checkpoint whose pass rate under a harness is the harness's own (the
     predictors and the soft ceiling are taken from it). ``bootstrap_resamples`` and ``seed``: the
     task-clustered bootstrap of the R^2 and pass@1 intervals, and every other random choice of
@@ -549,7 +553,7 @@ class AnalyzeConfig(_Strict):
     """
 
     ceiling_k: int = Field(default=4, ge=1)
-    kl_beta: float | None = Field(default=None, gt=0)
+    kl_beta: float | None = Field(default=1.0, gt=0)
     reference: str = Field(default="base", min_length=1)
     bootstrap_resamples: int = Field(default=2000, ge=100, le=1_000_000)
     seed: int = 0

@@ -3,8 +3,18 @@
 
 - Harness ceiling C_h, two estimators: the mean over tasks of the unbiased pass@K (Chen et al.
   2021, arXiv 2107.03374, eq. 1; :func:`tasks.evaluate.stats.pass_at_k`), and the KL-soft ceiling
-  of KL-regularised control for a binary reward, J = p e^{1/beta} / (1 - p + p e^{1/beta})
-  (:func:`kl_soft_ceiling`), with p the reference policy's pass@1 under the harness.
+  of KL-regularised control for a binary reward, J(p) = p e^{1/beta} / (1 - p + p e^{1/beta})
+  (:func:`kl_soft_ceiling`), applied PER TASK to the reference policy's pass rate p_x on task x
+  under the harness and then averaged over tasks (:func:`kl_soft_ceiling_tasks`): the optimal
+  KL-regularised policy reweights the reference's own mass on success task by task, so a task
+  the reference never solves (p_x = 0) contributes 0, whatever the other tasks' rates. J is
+  concave in p near 0 for small beta, so J of the mean rate over-states the mean of J: half the
+  tasks at p = 0 and half at 0.6 give 0.5 J(0.6), not J(0.3).
+- beta: ``analyze.kl_beta`` (METHODS.md P1's KL coefficient of the harness-as-reference control
+  problem, reward units per nat); its default 1.0 is chosen for the ceiling (a unit reward is worth
+  one nat of divergence from the harness's preferences, so the ceiling multiplies each task's odds
+  of success by e), not copied from the trainer's ``train.kl.beta``: at the trainer's 0.05,
+  e^{1/beta} ~ 5e8 and J is ~1 for every task with one success, which says nothing about a harness.
 - Deployed return J(pi) = pass@1; simple mismatch estimator M = C_h - pass@1.
 
 Evaluation rows are read with the sealed-evaluation rules of :mod:`tasks.evaluate.stats`: each
@@ -98,6 +108,25 @@ def kl_soft_ceiling_array(p: np.ndarray, beta: float) -> np.ndarray:
     return out
 
 
+def kl_soft_ceiling_tasks(rates: list[float], beta: float) -> float | None:
+    """The harness's KL-soft ceiling over tasks: mean over tasks x of J(p_x, beta)
+    (:func:`kl_soft_ceiling`), where ``rates`` holds the reference's pass rate p_x (resolved /
+    graded attempts, floats in [0, 1]) on each task with at least one graded attempt.
+
+    Hand values: rates [0, 0.6] (half the tasks never solved) at beta 0.05 give
+    0.5 * J(0.6, 0.05) = 0.5 - 6.9e-10, not J(0.3, 0.05) = 1 - 4.8e-9.
+
+    Returns:
+        The mean (float in [0, 1]), or None for no task.
+
+    Raises:
+        ValueError: a rate outside [0, 1] or a bad ``beta`` (see :func:`kl_soft_ceiling`).
+    """
+    if not rates:
+        return None
+    return mean([kl_soft_ceiling(float(p), beta) for p in rates])
+
+
 def check_evaluation_rows(evaluations: list[dict[str, Any]]) -> None:
     """Raise ValueError naming the first row and column that is missing, or the first unknown
     ``status`` (allowed: resolved, unresolved, timeout, infra_error)."""
@@ -136,9 +165,10 @@ def mismatch_cells(evaluations: list[dict[str, Any]], *, k: int, beta: float | N
             ``checkpoint, harness_name, record_id, task_id, attempt, retry, status``. Retries are
             resolved with :func:`tasks.evaluate.stats.final_attempts`.
         k: K of the pass@K ceiling, >= 1.
-        beta: the KL coefficient of the KL-soft ceiling (>= 0), or None to leave it out.
-        reference: the checkpoint whose pass@1 under the same harness is the p of the KL-soft
-            ceiling (the policy the KL is taken against), by default ``base``.
+        beta: the KL coefficient of the KL-soft ceiling (>= 0; ``analyze.kl_beta``), or None to
+            leave it out.
+        reference: the checkpoint whose per-task pass rates under the same harness are the p_x of
+            the KL-soft ceiling (the policy the KL is taken against), by default ``base``.
 
     Returns:
         One dict per cell with keys
@@ -155,8 +185,9 @@ def mismatch_cells(evaluations: list[dict[str, Any]], *, k: int, beta: float | N
         ``ref_pass_at_1`` (the ``reference`` checkpoint's pass_at_1 under the same harness; None if
         that cell is absent or has nothing graded);
         ``kl_beta`` (= beta);
-        ``ceiling_kl_soft`` (:func:`kl_soft_ceiling` (ref_pass_at_1, beta); None if beta is None or
-        ref_pass_at_1 is None);
+        ``ceiling_kl_soft`` (:func:`kl_soft_ceiling_tasks`: the mean over the reference's graded
+        tasks under the harness of J(p_x, beta), per task then averaged; None if beta is None or
+        the reference cell has nothing graded);
         ``mismatch`` (= ceiling - pass_at_1, not clamped; None if either is None). The unbiased
         pass@k of a task is >= its c/n (pass@1) over the same attempts, so mismatch >= 0 when every
         task with a graded attempt has >= k of them; it can be negative when the ceiling averages
@@ -174,8 +205,11 @@ def mismatch_cells(evaluations: list[dict[str, Any]], *, k: int, beta: float | N
         _check_beta(beta)
     outcomes = task_outcomes(evaluations)
 
+    def rates(tasks: dict[str, tuple[int, int, int]]) -> list[float]:
+        return [c / n for n, c, _ in tasks.values() if n > 0]
+
     def p1(tasks: dict[str, tuple[int, int, int]]) -> float | None:
-        v = [c / n for n, c, _ in tasks.values() if n > 0]
+        v = rates(tasks)
         return mean(v) if v else None
 
     rows = []
@@ -184,8 +218,9 @@ def mismatch_cells(evaluations: list[dict[str, Any]], *, k: int, beta: float | N
         pass1 = p1(tasks)
         pk = [pass_at_k(n, c, k) for n, c, _ in tasks.values() if n >= k]
         ceiling = mean(pk) if pk else None
-        ref = p1(outcomes[(reference, h)]) if (reference, h) in outcomes else None
-        soft = kl_soft_ceiling(ref, beta) if (beta is not None and ref is not None) else None
+        ref_tasks = outcomes.get((reference, h), {})
+        ref = p1(ref_tasks)
+        soft = kl_soft_ceiling_tasks(rates(ref_tasks), beta) if beta is not None else None
         graded = sum(n for n, _, _ in tasks.values())
         infra = sum(i for _, _, i in tasks.values())
         rows.append({

@@ -56,7 +56,7 @@ def zero_advantage_fractions(episodes: list[dict[str, Any]], rules: Sequence[str
     Returns:
         One row per rule: ``rule``, ``n_samples`` (ok episodes), ``n_groups``, ``zero_groups``
         (groups whose advantages are all exactly 0: all rewards equal, a single sample, or under
-        ``cross_coverage_matched`` every sample dropped), ``fraction`` = zero_groups / n_groups,
+        ``cross_coverage_matched`` a group dropped whole), ``fraction`` = zero_groups / n_groups,
         ``zero_samples`` (samples with advantage exactly 0) and ``sample_fraction`` =
         zero_samples / n_samples.
 

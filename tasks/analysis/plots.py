@@ -109,21 +109,29 @@ def ceiling_vs_return(mismatch: list[dict[str, Any]]) -> bytes | None:
 
 
 def r2_comparison(predictors: list[dict[str, Any]]) -> bytes | None:
-    """R^2 of each predictor of each target with its bootstrap interval, side by side."""
-    if not predictors:
+    """R^2 of each predictor of each target with its bootstrap interval, side by side. A row whose
+    R^2 is n/a (``na_reason`` set: too few points, a constant side, not measured) gets no bar but
+    the label "n/a" with the short reason; None when no row has an R^2 (the report's table says
+    why), so the figure never shows a number for an undefined statistic."""
+    if not any(_finite(r.get("r2")) and not r.get("na_reason") for r in predictors):
         return None
     targets = list(dict.fromkeys(r["target"] for r in predictors))
-    fig, axes = plt.subplots(1, len(targets), figsize=(4.2 * len(targets), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(targets), figsize=(4.8 * len(targets), 3.6), squeeze=False)
     for ax, t in zip(axes[0], targets):
         rows = [r for r in predictors if r["target"] == t]
-        x = list(range(len(rows)))
-        r2 = [r["r2"] if _finite(r["r2"]) else 0.0 for r in rows]
-        lo = [max(0.0, v - r["ci_low"]) if _finite(r.get("ci_low")) else 0.0 for v, r in zip(r2, rows)]
-        hi = [max(0.0, r["ci_high"] - v) if _finite(r.get("ci_high")) else 0.0 for v, r in zip(r2, rows)]
-        ax.bar(x, r2, yerr=[lo, hi], capsize=4, color="#55a868")
-        ax.set_xticks(x, [r["predictor"] for r in rows], fontsize=8, rotation=20)
+        for i, r in enumerate(rows):
+            if r.get("na_reason") or not _finite(r.get("r2")):
+                why = r.get("na_reason") or "undefined"
+                short = "not measured" if why.startswith("not measured") else why.split(":")[0].split(" (")[0]
+                ax.text(i, 0.02, f"n/a\n{short}", ha="center", va="bottom", fontsize=6, rotation=90, color="#555555")
+                continue
+            lo = max(0.0, r["r2"] - r["ci_low"]) if _finite(r.get("ci_low")) else 0.0
+            hi = max(0.0, r["ci_high"] - r["r2"]) if _finite(r.get("ci_high")) else 0.0
+            ax.bar([i], [r["r2"]], yerr=[[lo], [hi]], capsize=4, color="#55a868")
+        ax.set_xticks(range(len(rows)), [r["predictor"] for r in rows], fontsize=8, rotation=20)
+        ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_ylim(0, 1.05)
-        ax.set_title(f"target: {t} (n={rows[0]['n_points']})")
+        ax.set_title(f"target: {t} (points: {max(r['n_points'] for r in rows)})")
         ax.set_ylabel("R^2")
     return _png(fig)
 

@@ -1,11 +1,27 @@
-"""P1's claim test (METHODS.md, "ceiling minus mismatch"): across (checkpoint, harness) cells, is
+"""P1's claim test (METHODS.md, "ceiling minus mismatch"): across (checkpoint, harness) points, is
 the deployed return (and the RL gain) predicted better by C - M than by the ceiling C or the
 mismatch M alone? Reported as the R^2 of each single predictor side by side, with a
-task-clustered bootstrap interval.
+task-clustered bootstrap interval, beside the points themselves (:func:`p1_points`).
 
 Points are the cells (trained checkpoint, harness) of a sealed evaluation, every checkpoint but the
-reference; the predictors are measured on the reference checkpoint under the same harness (what
-the harness offers before training), the targets on the trained checkpoint.
+reference; the predictors are measured on the reference checkpoint (the base policy) under the
+same harness (what the harness offers before training), the targets on the trained checkpoint:
+
+- ``C``              the pass@K ceiling of (reference, h) (mean over tasks of the unbiased pass@K);
+- ``C_kl_soft``      the KL-soft ceiling of (reference, h): mean over tasks of J(p_x, beta)
+                     (:func:`tasks.analysis.ceiling.kl_soft_ceiling_tasks`);
+- ``M``              C - pass@1 of (reference, h): the simple mismatch estimator;
+- ``M_step``         the per-step mismatch of (reference, h) by branching
+                     (:func:`tasks.analysis.branching.step_mismatch_summary`); given, not resampled;
+- ``C_minus_M``      C - M. With the simple estimator this is identically the reference's pass@1
+                     (so its R^2 is that of "the base return predicts the trained return");
+- ``C_minus_M_step`` C - M_step: P1's predicted return with the per-step mismatch;
+- targets ``gain`` = pass@1(checkpoint, h) - pass@1(reference, h) and ``return`` = pass@1(checkpoint, h).
+
+An R^2 is reported only where it means something; otherwise it is None with ``na_reason``
+(:func:`na_reason`): fewer than :data:`MIN_POINTS` points (two points always fit a line exactly,
+three or four leave one or two degrees of freedom), a predictor or target constant over the points
+(range below :data:`FLAT_TOL`), or a predictor not measured (no M_step without branching).
 """
 
 from __future__ import annotations
@@ -20,179 +36,230 @@ from tasks.analysis.ceiling import _check_beta, kl_soft_ceiling_array, task_outc
 from tasks.evaluate.stats import pass_at_k
 
 TARGETS = ("gain", "return")
-PREDICTORS = ("C", "C_kl_soft", "M", "C_minus_M")
+PREDICTORS = ("C", "C_kl_soft", "M", "M_step", "C_minus_M", "C_minus_M_step")
+STEP_PREDICTORS = ("M_step", "C_minus_M_step")
+MIN_POINTS = 5
+# Rates are measured in steps of 1 / (tasks x attempts) (>= 1e-5 for any evaluation that runs);
+# a predictor or target whose values span less than this is constant, not a measured difference.
+FLAT_TOL = 1e-6
+NOT_MEASURED_STEP = ("not measured: M_step needs the per-step branching of the reference checkpoint "
+                     "(analyze.branching.episodes_per_harness > 0 with the reference in analyze.branching.checkpoints)")
+
+
+def na_reason(x: np.ndarray, y: np.ndarray, *, min_points: int = MIN_POINTS) -> str:
+    """Why the R^2 of ``y`` on ``x`` (float64 arrays of shape [n], the defined points) is not
+    reported, or "" when it is: "" needs n >= ``min_points`` and both ranges (max - min) above
+    :data:`FLAT_TOL`. The reason is one line naming the count or the constant side."""
+    n = int(x.size)
+    if n < min_points:
+        return f"{n} point(s): an R^2 needs >= {min_points} (two points always fit a line exactly)"
+    if float(np.ptp(x)) <= FLAT_TOL:
+        return f"predictor constant over the {n} points (range {float(np.ptp(x)):.2g})"
+    if float(np.ptp(y)) <= FLAT_TOL:
+        return f"target constant over the {n} points (range {float(np.ptp(y)):.2g})"
+    return ""
 
 
 def _ols_r2(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise single-predictor OLS with intercept over the last axis of ``x`` and ``y``
-    (float64, shape [R, n], n >= 1). Returns (r2, slope, intercept, degenerate), each shape [R].
-
-    r2 = sxy^2 / (sxx syy) (the squared Pearson correlation, which equals the R^2 of OLS with an
-    intercept); when x or y has (numerically) zero variance, r2 = 0, slope = 0, intercept =
-    mean(y) and degenerate = True. "Zero" is a range (max - min) <= 1e-12 * max(1, max |v|).
-    """
+    (float64, shape [R, n], n >= 2). Returns (r2, slope, intercept, defined), each shape [R]:
+    r2 = sxy^2 / (sxx syy) (the squared Pearson correlation = the R^2 of OLS with an intercept),
+    slope = sxy / sxx, intercept = mean(y) - slope mean(x); ``defined`` is False (and r2, slope,
+    intercept NaN) where x or y has a range <= :data:`FLAT_TOL` (R^2 undefined)."""
     xm = x.mean(axis=1, keepdims=True)
     ym = y.mean(axis=1, keepdims=True)
     dx, dy = x - xm, y - ym
     sxx = (dx * dx).sum(axis=1)
     syy = (dy * dy).sum(axis=1)
     sxy = (dx * dy).sum(axis=1)
-
-    def flat(v: np.ndarray) -> np.ndarray:
-        return np.ptp(v, axis=1) <= 1e-12 * np.maximum(1.0, np.abs(v).max(axis=1))
-
-    x_flat, degenerate = flat(x), flat(x) | flat(y)
+    defined = (np.ptp(x, axis=1) > FLAT_TOL) & (np.ptp(y, axis=1) > FLAT_TOL)
     with np.errstate(divide="ignore", invalid="ignore"):
-        r2 = np.where(degenerate, 0.0, np.clip(sxy * sxy / (sxx * syy), 0.0, 1.0))
-        slope = np.where(x_flat, 0.0, sxy / sxx)
-    intercept = ym[:, 0] - slope * xm[:, 0]
-    return r2, slope, intercept, degenerate
+        r2 = np.where(defined, np.clip(sxy * sxy / (sxx * syy), 0.0, 1.0), np.nan)
+        slope = np.where(defined, sxy / sxx, np.nan)
+    intercept = np.where(defined, ym[:, 0] - np.nan_to_num(slope) * xm[:, 0], np.nan)
+    return r2, slope, intercept, defined
+
+
+def _check_args(k: int, beta: float | None, m_step: dict[str, float] | None) -> dict[str, float]:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (the pass@K of the ceiling) must be an int >= 1, got {k!r}")
+    if beta is not None:
+        _check_beta(beta)
+    steps = dict(m_step or {})
+    for h, v in steps.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise ValueError(f"m_step[{h!r}]: value {v!r} is not a finite number")
+    return steps
+
+
+class _Design:
+    """The evaluation as per-(cell, task) matrices, and the points (trained checkpoint, harness)."""
+
+    def __init__(self, evaluations: list[dict[str, Any]], k: int, beta: float | None, reference: str,
+                 m_step: dict[str, float]):
+        outcomes = task_outcomes(evaluations)
+        self.beta, self.m_step = beta, m_step
+        cells = sorted(outcomes)
+        col = {c: i for i, c in enumerate(cells)}
+        self.task_ids = sorted({t for tasks in outcomes.values() for t in tasks})
+        tix = {t: i for i, t in enumerate(self.task_ids)}
+        shape = (len(cells), len(self.task_ids))
+        self.v1, self.g1, self.vk, self.gk = (np.zeros(shape) for _ in range(4))
+        for ci, cell in enumerate(cells):
+            for t, (n, c, _) in outcomes[cell].items():
+                if n > 0:
+                    self.v1[ci, tix[t]], self.g1[ci, tix[t]] = c / n, 1.0
+                if n >= k:
+                    self.vk[ci, tix[t]], self.gk[ci, tix[t]] = pass_at_k(n, c, k), 1.0
+        # the per-task KL-soft ceiling J(p_x) of every cell (used for the reference's cells)
+        self.js = kl_soft_ceiling_array(self.v1, beta) if beta is not None else None
+        self.points = [(ck, h) for ck, h in cells if ck != reference and (reference, h) in col]
+        self.ck_col = np.array([col[p] for p in self.points], dtype=np.int64)
+        self.ref_col = np.array([col[(reference, p[1])] for p in self.points], dtype=np.int64)
+
+    def metrics(self, w: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """w: task weights [R, n_tasks] -> predictor and target values [R, n_points] (NaN =
+        undefined); the targets also hold ``reference``, the reference's pass@1 at each point."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p1 = (w @ (self.g1 * self.v1).T) / (w @ self.g1.T)
+            pk = (w @ (self.gk * self.vk).T) / (w @ self.gk.T)
+            soft = (w @ (self.g1 * np.nan_to_num(self.js)).T) / (w @ self.g1.T) if self.js is not None else None
+        ref_p1, c_ref, ck_p1 = p1[:, self.ref_col], pk[:, self.ref_col], p1[:, self.ck_col]
+        m = c_ref - ref_p1
+        step = np.broadcast_to(np.array([self.m_step.get(h, math.nan) for _, h in self.points], dtype=np.float64),
+                               ck_p1.shape)
+        preds = {"C": c_ref, "M": m, "M_step": step, "C_minus_M": c_ref - m, "C_minus_M_step": c_ref - step}
+        if soft is not None:
+            preds["C_kl_soft"] = soft[:, self.ref_col]
+        return preds, {"gain": ck_p1 - ref_p1, "return": ck_p1, "reference": ref_p1}
+
+
+def p1_points(evaluations: list[dict[str, Any]], *, k: int, beta: float | None, reference: str = "base",
+              m_step: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The points of P1's claim test, one row per (trained checkpoint, harness) with a reference
+    cell under the same harness, sorted by that pair: the predictors measured on the reference
+    under the harness and the targets of the checkpoint (module docstring).
+
+    Args:
+        evaluations: sealed evaluation rows (see :func:`tasks.analysis.ceiling.mismatch_cells`).
+        k: K of the pass@K ceiling, int >= 1.
+        beta: the KL-soft ceiling's beta (``analyze.kl_beta``), or None (C_kl_soft left null).
+        reference: the checkpoint the predictors are measured on.
+        m_step: harness name -> the reference's per-step mismatch under it (None: not measured).
+
+    Returns:
+        Rows ``checkpoint, harness_name, reference, ref_pass_at_1, C, C_kl_soft, M, M_step,
+        C_minus_M, C_minus_M_step, gain, trained_return`` (floats in rate units; None where
+        undefined: no task with K graded attempts, no M_step, no beta).
+
+    Raises:
+        ValueError: bad k, beta or m_step value; bad evaluation rows.
+    """
+    d = _Design(evaluations, k, beta, reference, _check_args(k, beta, m_step))
+    x, y = d.metrics(np.ones((1, len(d.task_ids))))
+
+    def val(a: np.ndarray, i: int) -> float | None:
+        v = float(a[0, i])
+        return v if math.isfinite(v) else None
+
+    out = []
+    for i, (ck, h) in enumerate(d.points):
+        out.append({"checkpoint": ck, "harness_name": h, "reference": reference,
+                    "ref_pass_at_1": val(y["reference"], i),
+                    **{p: (val(x[p], i) if p in x else None) for p in PREDICTORS},
+                    "gain": val(y["gain"], i), "trained_return": val(y["return"], i)})
+    return out
 
 
 def r2_table(evaluations: list[dict[str, Any]], *, k: int, beta: float | None, reference: str = "base",
              resamples: int = 2000, seed: int = 0, level: float = 0.95,
-             extra_predictors: dict[str, dict[tuple[str, str], float]] | None = None) -> list[dict[str, Any]]:
-    """R^2 of each single predictor of each target, with a task-clustered bootstrap interval.
+             m_step: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """R^2 of each single predictor of each target, with a task-clustered bootstrap interval, or
+    "n/a" with the reason.
 
-    Points: every cell (checkpoint, h) of ``evaluations`` with checkpoint != ``reference`` and a
-    ``reference`` cell under the same harness h. Cell metrics follow
-    :func:`tasks.analysis.ceiling.mismatch_cells` (final attempts, infra errors out of the
-    denominators, timeouts failures): pass@1 = mean over tasks with >= 1 graded attempt of c/n;
-    ceiling = mean over tasks with >= k graded attempts of the unbiased pass@k.
-
-    Predictors, all measured on the reference checkpoint under h:
-      ``C``          the pass@K ceiling of (reference, h);
-      ``C_kl_soft``  :func:`tasks.analysis.ceiling.kl_soft_ceiling` (pass@1 of (reference, h), beta);
-                     left out (no rows) when ``beta`` is None;
-      ``M``          C - pass@1 of (reference, h) (the simple mismatch estimator);
-      ``C_minus_M``  C - M. With the simple estimator this is identically the reference's pass@1;
-                     it differs from it only through ``extra_predictors`` (e.g. a per-step M).
-    plus each of ``extra_predictors``: name -> {(checkpoint, h) or (reference, h): value}; a
-    point takes its (checkpoint, h) value, else its (reference, h) value, else it is left out of
-    that predictor's rows. These values are FIXED: the bootstrap resamples only the targets for
-    them (column ``predictor_bootstrapped`` = False), e.g. a branching estimate of M whose own
-    sampling error is not modelled here.
-
-    Targets: ``gain`` = pass@1(checkpoint, h) - pass@1(reference, h); ``return`` = pass@1(checkpoint, h).
+    Points, predictors and targets: see the module docstring and :func:`p1_points` (cell metrics
+    as :func:`tasks.analysis.ceiling.mismatch_cells`: final attempts, infra errors out of the
+    denominators, timeouts failures).
 
     R^2: of the OLS fit target = intercept + slope * predictor over the points where both are
-    defined (= squared Pearson r). Defined as 0, with ``degenerate`` = True, when the predictor
-    or the target has zero variance over the points (including a single point); with no point,
-    r2/slope/intercept/ci are None and ``degenerate`` is True.
+    defined (= squared Pearson r), reported only when :func:`na_reason` is "" (>= MIN_POINTS
+    points, neither side constant); else ``r2``, ``slope``, ``intercept`` and the interval are None
+    and ``na_reason`` says why (M_step rows without branching: :data:`NOT_MEASURED_STEP`).
 
     Bootstrap (Efron & Tibshirani 1993, ch. 13, percentile interval): each of ``resamples``
     resamples draws as many task ids as there are distinct task ids over all cells, with
     replacement (``numpy.random.default_rng(seed)``), the SAME draw for every cell; each cell's
     metrics are recomputed with each task weighted by its multiplicity, then every predictor,
-    target and R^2. A resample where some point's predictor or target is undefined (none of the
-    cell's tasks drawn) is left out of that row's interval (``resamples_valid`` counts those kept);
-    ``ci_low``/``ci_high`` are the (1 - level)/2 and (1 + level)/2 quantiles of the kept R^2 values.
-    R^2 is bounded by 1 and a resample duplicates tasks (adding noise to both axes), so resampled
-    R^2 values are attenuated: for an estimate close to 1 the percentile interval can lie entirely
-    below it (e.g. r2 0.992, interval [0.867, 0.990]); read such an interval as "at most".
+    target and R^2. M_step is FIXED (its own branching error is not modelled;
+    ``predictor_bootstrapped`` False for M_step, and C_minus_M_step resamples only its C). A
+    resample where some point is undefined (none of the cell's tasks drawn) or where the R^2 is
+    undefined (a side constant in the resample) is left out (``resamples_valid`` counts those
+    kept); ``ci_low``/``ci_high`` are the (1 - level)/2 and (1 + level)/2 quantiles of the kept
+    R^2 values. R^2 is bounded by 1 and a resample duplicates tasks (adding noise to both axes), so
+    resampled R^2 values are attenuated: for an estimate close to 1 the percentile interval can lie
+    entirely below it; read such an interval as "at most".
 
     Args:
-        evaluations: sealed evaluation rows (see :func:`tasks.analysis.ceiling.mismatch_cells`).
+        evaluations: sealed evaluation rows.
         k: K of the pass@K ceiling, int >= 1.
-        beta: KL coefficient (>= 0) of the KL-soft ceiling, or None.
+        beta: KL coefficient (>= 0) of the KL-soft ceiling, or None (no C_kl_soft rows).
         reference: the checkpoint the predictors are measured on (and gains are relative to).
         resamples: bootstrap resamples, int >= 1.
         seed: the bootstrap seed (int).
         level: interval confidence level in (0, 1).
-        extra_predictors: fixed predictors, see above; names must not clash with ``PREDICTORS``.
+        m_step: harness name -> the reference's per-step mismatch (None or {}: not measured).
 
     Returns:
-        Rows, targets in the order ("gain", "return"), predictors in the order ``PREDICTORS`` then
-        the extra names sorted: ``target, predictor, r2, ci_low, ci_high, n_points, slope,
-        intercept, degenerate, predictor_bootstrapped, resamples, resamples_valid, seed, level``.
+        Rows, targets in the order ("gain", "return"), predictors in the order ``PREDICTORS``
+        (C_kl_soft only with a beta): ``target, predictor, r2, ci_low, ci_high, n_points, slope,
+        intercept, na_reason, predictor_bootstrapped, resamples, resamples_valid, seed, level``.
         r2 and the interval are unitless in [0, 1]; slope is target units per predictor unit.
 
     Raises:
-        ValueError: k, beta, resamples or level out of range; an extra predictor whose name clashes
-            or whose value is not a finite number; bad evaluation rows (see
-            :func:`tasks.analysis.ceiling.check_evaluation_rows`).
+        ValueError: k, beta, resamples or level out of range; an m_step value that is not a finite
+            number; bad evaluation rows (see :func:`tasks.analysis.ceiling.check_evaluation_rows`).
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k (the pass@K of the ceiling) must be an int >= 1, got {k!r}")
-    if beta is not None:
-        _check_beta(beta)
+    steps = _check_args(k, beta, m_step)
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
         raise ValueError(f"resamples must be an int >= 1, got {resamples!r}")
     if not (isinstance(level, numbers.Real) and 0.0 < level < 1.0):
         raise ValueError(f"level must be in (0, 1), got {level!r}")
-    extra = dict(extra_predictors or {})
-    for name, values in extra.items():
-        if name in PREDICTORS:
-            raise ValueError(f"extra predictor name {name!r} clashes with a built-in predictor {PREDICTORS}")
-        for key, v in values.items():
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise ValueError(f"extra predictor {name!r} at {key!r}: value {v!r} is not a finite number")
-
-    outcomes = task_outcomes(evaluations)
-    cells = sorted(outcomes)
-    col = {c: i for i, c in enumerate(cells)}
-    task_ids = sorted({t for tasks in outcomes.values() for t in tasks})
-    tix = {t: i for i, t in enumerate(task_ids)}
-    n_t = len(task_ids)
-    # per cell x task: pass@1 and pass@k values with their masks
-    v1 = np.zeros((len(cells), n_t))
-    g1 = np.zeros((len(cells), n_t))
-    vk = np.zeros((len(cells), n_t))
-    gk = np.zeros((len(cells), n_t))
-    for ci, cell in enumerate(cells):
-        for t, (n, c, _) in outcomes[cell].items():
-            if n > 0:
-                v1[ci, tix[t]], g1[ci, tix[t]] = c / n, 1.0
-            if n >= k:
-                vk[ci, tix[t]], gk[ci, tix[t]] = pass_at_k(n, c, k), 1.0
-
-    points = [(ck, h) for ck, h in cells if ck != reference and (reference, h) in col]
-    ck_col = np.array([col[p] for p in points], dtype=np.int64)
-    ref_col = np.array([col[(reference, p[1])] for p in points], dtype=np.int64)
-
-    def metrics(w: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """w: task weights [R, n_t] -> predictor and target values [R, n_points] (NaN = undefined)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            p1 = (w @ (g1 * v1).T) / (w @ g1.T)
-            pk = (w @ (gk * vk).T) / (w @ gk.T)
-        ref_p1, c_ref, ck_p1 = p1[:, ref_col], pk[:, ref_col], p1[:, ck_col]
-        m = c_ref - ref_p1
-        preds = {"C": c_ref, "M": m, "C_minus_M": c_ref - m}
-        if beta is not None:
-            preds["C_kl_soft"] = kl_soft_ceiling_array(ref_p1, beta)
-        for name, values in extra.items():
-            fixed = np.array([values.get(p, values.get((reference, p[1]), math.nan)) for p in points], dtype=np.float64)
-            preds[name] = np.broadcast_to(fixed, ck_p1.shape)
-        return preds, {"gain": ck_p1 - ref_p1, "return": ck_p1}
-
-    est_x, est_y = metrics(np.ones((1, n_t)))
+    d = _Design(evaluations, k, beta, reference, steps)
+    n_t = len(d.task_ids)
+    est_x, est_y = d.metrics(np.ones((1, n_t)))
     rng = np.random.default_rng(seed)
-    if points and n_t:
+    if d.points and n_t:
         draws = rng.integers(0, n_t, size=(resamples, n_t))
         w = np.bincount((draws + np.arange(resamples)[:, None] * n_t).ravel(), minlength=resamples * n_t)
-        boot_x, boot_y = metrics(w.reshape(resamples, n_t).astype(np.float64))
+        boot_x, boot_y = d.metrics(w.reshape(resamples, n_t).astype(np.float64))
     else:
         boot_x, boot_y = est_x, est_y
     tail = (1.0 - level) / 2.0
     rows = []
     for target in TARGETS:
-        for pred in [p for p in PREDICTORS if p in est_x] + sorted(extra):
+        for pred in [p for p in PREDICTORS if p in est_x]:
             x, y = est_x[pred][0], est_y[target][0]
             keep = np.isfinite(x) & np.isfinite(y)
             row: dict[str, Any] = {
                 "target": target, "predictor": pred, "r2": None, "ci_low": None, "ci_high": None,
-                "n_points": int(keep.sum()), "slope": None, "intercept": None, "degenerate": True,
-                "predictor_bootstrapped": pred not in extra, "resamples": resamples, "resamples_valid": 0,
+                "n_points": int(keep.sum()), "slope": None, "intercept": None, "na_reason": "",
+                "predictor_bootstrapped": pred != "M_step", "resamples": resamples, "resamples_valid": 0,
                 "seed": seed, "level": level,
             }
-            if keep.any():
-                r2, slope, icpt, degen = _ols_r2(x[keep][None, :], y[keep][None, :])
-                row.update(r2=float(r2[0]), slope=float(slope[0]), intercept=float(icpt[0]), degenerate=bool(degen[0]))
+            if pred in STEP_PREDICTORS and not keep.any():
+                row["na_reason"] = NOT_MEASURED_STEP
+            else:
+                row["na_reason"] = na_reason(x[keep], y[keep])
+            if not row["na_reason"]:
+                r2, slope, icpt, _ = _ols_r2(x[keep][None, :], y[keep][None, :])
+                row.update(r2=float(r2[0]), slope=float(slope[0]), intercept=float(icpt[0]))
                 bx, by = boot_x[pred][:, keep], boot_y[target][:, keep]
                 ok = np.isfinite(bx).all(axis=1) & np.isfinite(by).all(axis=1)
                 if ok.any():
-                    br2 = _ols_r2(bx[ok], by[ok])[0]
-                    lo, hi = np.quantile(br2, [tail, 1.0 - tail])
-                    row.update(ci_low=float(lo), ci_high=float(hi), resamples_valid=int(ok.sum()))
+                    br2, _, _, defined = _ols_r2(bx[ok], by[ok])
+                    br2 = br2[defined]
+                    if br2.size:
+                        lo, hi = np.quantile(br2, [tail, 1.0 - tail])
+                        row.update(ci_low=float(lo), ci_high=float(hi), resamples_valid=int(br2.size))
             rows.append(row)
     return rows

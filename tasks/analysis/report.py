@@ -1,17 +1,49 @@
 """The run report: Markdown with PNG figures beside it (``analyze/report.md``, ``analyze/plots/``).
 
 :func:`render_report` turns the analyze stage's tables into Markdown; figures are referenced by
-their path relative to the report, so the report reads the same in the run folder, in a repository
-viewer, and (as a Prefect artifact, with the figures as image artifacts) in the Prefect UI.
+their path relative to the report, so the report reads the same in the run folder and in a
+repository viewer. The Prefect UI has no folder to resolve a relative path against: for it
+:func:`inline_figures` embeds each figure as a ``data:image/png;base64`` URI (RFC 2397).
 """
 
 from __future__ import annotations
 
+import base64
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from tasks.analysis.arms import nonfinite_step
+
+
+_FIGURE = re.compile(r"!\[([^\]]*)\]\((plots/[A-Za-z0-9_.-]+\.png)\)")
+
+
+def inline_figures(markdown: str, png_of: Callable[[str], bytes | None], max_bytes: int = 1024 * 1024) -> str:
+    """``markdown`` with every figure reference ``![caption](plots/<name>.png)`` replaced by the
+    same image as a ``data:image/png;base64,...`` URI, so the report shows its figures where no
+    file sits beside it (the Prefect UI).
+
+    Args:
+        png_of: the figure's bytes given its report-relative path, or None when it is missing.
+        max_bytes: a PNG larger than this stays a reference, with a note (a browser and the
+            Prefect API hold the whole artifact in memory).
+
+    Raises:
+        ValueError: a referenced file is not a PNG (the message names it).
+    """
+    def sub(m: re.Match[str]) -> str:
+        data = png_of(m.group(2))
+        if data is None:
+            return f"*(figure {m.group(2)} is missing from the run folder)*"
+        if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+            raise ValueError(f"figure {m.group(2)} is not a PNG")
+        if len(data) > max_bytes:
+            return f"{m.group(0)} *(figure of {len(data)} bytes not inlined: see the run folder)*"
+        return f"![{m.group(1)}](data:image/png;base64,{base64.b64encode(data).decode()})"
+
+    return _FIGURE.sub(sub, markdown)
 
 
 def _f(x: Any, fmt: str = ".3f") -> str:
@@ -20,10 +52,54 @@ def _f(x: Any, fmt: str = ".3f") -> str:
     return format(x, fmt)
 
 
-def _table(header: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
+# What fits the Prefect UI's artifact column in a 1400 px window (~840 px of text): a table wider
+# than this estimate is split into column groups, each repeating the row labels, and a cell longer
+# than LONG_CELL characters moves to a numbered note under the table (the UI does not wrap cells).
+TABLE_BUDGET_PX = 800
+LONG_CELL = 28
+
+
+def _col_px(cells: list[str]) -> float:
+    return 8.5 * max(len(c) for c in cells) + 26.0
+
+
+def _table(header: list[str], rows: list[list[str]], align: str | None = None, keep: int = 1) -> list[str]:
+    """A Markdown table (lines) readable at 1400 px: cells longer than :data:`LONG_CELL` become
+    ``[n]`` with the text in a note below; when the estimated width exceeds
+    :data:`TABLE_BUDGET_PX` the columns after the first ``keep`` (the row labels) are split into
+    consecutive tables that each repeat the labels. ``align``: one ``l``/``r`` per column."""
     align = align or "l" + "r" * (len(header) - 1)
-    sep = ["---:" if a == "r" else "---" for a in align]
-    return ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"] + ["| " + " | ".join(r) + " |" for r in rows]
+    notes: dict[str, int] = {}
+
+    def short(c: str) -> str:
+        if len(c) <= LONG_CELL:
+            return c
+        return f"[{notes.setdefault(c, len(notes) + 1)}]"
+
+    body = [[short(c) for c in r] for r in rows]
+    widths = [_col_px([h] + [r[i] for r in body]) for i, h in enumerate(header)]
+    keep = min(keep, len(header))
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    base = sum(widths[:keep])
+    for i in range(keep, len(header)):
+        if cur and base + sum(widths[j] for j in cur) + widths[i] > TABLE_BUDGET_PX:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    groups.append(cur)
+    out: list[str] = []
+    for gi, g in enumerate(groups):
+        cols = list(range(keep)) + g
+        sep = ["---:" if align[i] == "r" else "---" for i in cols]
+        if gi:
+            out.append("")
+        out += ["| " + " | ".join(header[i] for i in cols) + " |", "| " + " | ".join(sep) + " |"]
+        out += ["| " + " | ".join(r[i] for i in cols) + " |" for r in body]
+    if notes:
+        out.append("")
+        out += [f"[{n}] {text}  " for text, n in notes.items()]
+    return out
 
 
 @dataclass
@@ -44,6 +120,7 @@ class ReportInputs:
     eval_contrasts: list[dict[str, Any]]
     mismatch: list[dict[str, Any]]
     predictors: list[dict[str, Any]] = field(default_factory=list)
+    p1_points: list[dict[str, Any]] = field(default_factory=list)
     step_mismatch: list[dict[str, Any]] = field(default_factory=list)
     log_odds: list[dict[str, Any]] = field(default_factory=list)
     leakage: list[dict[str, Any]] = field(default_factory=list)
@@ -125,7 +202,7 @@ def render_report(inp: ReportInputs) -> str:
         out += ["Per suite (out-of-domain suites are test-only), with a 95% task-resampling bootstrap interval and the "
                 "median agent steps (turns) per graded attempt:", ""]
         out += _table(["checkpoint", "harness", "suite", "tasks", "graded", "pass@1", "interval", "median steps"],
-                      rows, "lllrrrrr") + [""]
+                      rows, "lllrrrrr", keep=3) + [""]
     if inp.eval_contrasts:
         rows = [[c["name"], f"{c['a_checkpoint']}/{c['a_harness']} - {c['b_checkpoint']}/{c['b_harness']}", c["status"],
                  str(c["n_tasks"]), _f(c["estimate"]), f"[{_f(c['ci_low'])}, {_f(c['ci_high'])}]",
@@ -163,11 +240,12 @@ def render_report(inp: ReportInputs) -> str:
                  _f(r["pass_at_1"]), _f(r["ceiling"]), _f(r["mismatch"]), _f(r.get("ceiling_kl_soft")),
                  _f(r.get("mismatch_kl_soft")), _f(r.get("mismatch_step")), _f(r.get("predicted_return"))]
                 for r in inp.mismatch]
-        out += [f"C = pass@{k} ceiling (unbiased estimator); C_soft = KL-soft ceiling p e^(1/b) / (1 - p + p e^(1/b)) "
-                f"with p the reference's pass@1 under the harness and b = {_f(beta, 'g')}; M = C - pass@1; "
-                "M_step = per-step mismatch by branching (where computed); predicted return = C - M_step.", ""]
+        out += [f"C = pass@{k} ceiling (unbiased estimator); C_soft = KL-soft ceiling, per task then averaged: the mean "
+                f"over tasks of p e^(1/b) / (1 - p + p e^(1/b)) with p the reference's pass rate on the task and "
+                f"b = analyze.kl_beta = {_f(beta, 'g')}; M = C - pass@1; M_step = per-step mismatch by branching "
+                "(n/a: not computed); C - M_step = P1's predicted return.", ""]
         out += _table(["checkpoint", "harness", "tasks", "graded", "infra", "pass@1", "C", "M", "C_soft",
-                       "C_soft - pass@1", "M_step", "C - M_step"], rows, "ll" + "r" * 10) + [""]
+                       "C_soft - pass@1", "M_step", "C - M_step"], rows, "ll" + "r" * 10, keep=2) + [""]
     out += _figure(inp, "ceiling_vs_return", "ceiling vs deployed return")
     if inp.step_mismatch:
         rows = [[r["checkpoint"], r["harness_name"], str(r["n_episodes"]), str(r["n_states"]),
@@ -177,16 +255,29 @@ def render_report(inp: ReportInputs) -> str:
         out += ["Per-step mismatch: K continuations branched from every visited state; m_t = V*_K(s_t) - V*_K(s_t+1), "
                 "summed over the episode (telescopes to V*_K(s_0) - success).", ""]
         out += _table(["checkpoint", "harness", "episodes", "states", "V*_K(s_0)", "success", "M_step",
-                       "complete episodes", "mean m_t by turn", "replay divergences"], rows, "ll" + "r" * 8) + [""]
+                       "complete episodes", "mean m_t by turn", "replay divergences"], rows, "ll" + "r" * 8, keep=2) + [""]
+    if inp.p1_points:
+        ref = inp.p1_points[0]["reference"]
+        rows = [[p["checkpoint"], p["harness_name"], _f(p["C"]), _f(p["C_kl_soft"]), _f(p["M"]), _f(p["M_step"]),
+                 _f(p["C_minus_M"]), _f(p["C_minus_M_step"]), _f(p["gain"], "+.3f"), _f(p["trained_return"])]
+                for p in inp.p1_points]
+        out += [f"P1's claim test, one point per (trained checkpoint, harness): the predictors measured on `{ref}` (the "
+                "base policy) under the harness, the targets on the checkpoint (gain = its pass@1 minus the base's). "
+                "With the simple estimator C - M is the base's pass@1 by construction; C - M_step is the claim.", ""]
+        out += _table(["checkpoint", "harness", "C", "C_soft", "M", "M_step", "C - M", "C - M_step", "RL gain",
+                       "trained return"], rows, "ll" + "r" * 8, keep=2) + [""]
     if inp.predictors:
-        rows = [[r["target"], r["predictor"], _f(r["r2"]), f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]",
-                 str(r["n_points"]), _f(r["slope"]), "yes" if r["degenerate"] else ""] for r in inp.predictors]
-        out += ["R^2 of each predictor (taken from the reference checkpoint under the harness) of the RL gain and of "
-                "the trained checkpoint's return, over (trained checkpoint, harness) points; task-clustered bootstrap "
-                "intervals. With a handful of points these intervals are wide: read them, not the point estimates.",
-                ""]
-        out += _table(["target", "predictor", "R^2", "interval", "points", "slope", "degenerate"], rows,
-                      "llrrrrl") + [""]
+        names = {"C": "C", "C_kl_soft": "C_soft", "M": "M", "M_step": "M_step", "C_minus_M": "C - M",
+                 "C_minus_M_step": "C - M_step"}
+        rows = [[r["target"], names.get(r["predictor"], r["predictor"]), str(r["n_points"]),
+                 _f(r["r2"]) if not r["na_reason"] else "n/a",
+                 f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]" if not r["na_reason"] else "",
+                 _f(r["slope"]) if not r["na_reason"] else "", r["na_reason"]] for r in inp.predictors]
+        out += ["R^2 of each predictor of the RL gain and of the trained return over those points, with task-clustered "
+                "bootstrap intervals; n/a with the reason where the statistic is undefined or degenerate (fewer than "
+                "5 points, a constant predictor or target, a predictor not measured).", ""]
+        out += _table(["target", "predictor", "points", "R^2", "interval", "slope", "n/a because"], rows,
+                      "llrrrrl", keep=2) + [""]
     out += _figure(inp, "r2_comparison", "R^2 comparison")
     if inp.log_odds:
         rows = [[r["checkpoint"], r["harness_name"], str(r["n_states"]), str(r["n_pairs"]), _f(r["pearson_policy_ref"]),
@@ -196,7 +287,7 @@ def render_report(inp: ReportInputs) -> str:
                 "trained policy against the reference (the harness's preferences); and the shift (policy - reference) "
                 "against the reward difference (P1: shift = (Q(a) - Q(b)) / beta).", ""]
         out += _table(["checkpoint", "harness", "states", "pairs", "r (policy, ref)", "rho (policy, ref)",
-                       "r (shift, reward diff)", "mean abs shift (nats)"], rows, "ll" + "r" * 6) + [""]
+                       "r (shift, reward diff)", "mean abs shift (nats)"], rows, "ll" + "r" * 6, keep=2) + [""]
 
     out += ["## P4: Within vs Cross grouping", ""]
     if inp.leakage:

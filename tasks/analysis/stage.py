@@ -2,7 +2,9 @@
 and the run report.
 
 Tables (each a contracted Parquet artifact): ``mismatch`` (ceilings and mismatch per checkpoint
-and harness), ``predictors`` (R^2 of C, M, C - M), ``step_mismatch`` (branching; only when
+and harness), ``p1_points`` (C, C_kl_soft, M, M_step, C - M, C - M_step of the base policy per
+harness beside each trained checkpoint's gain and return), ``predictors`` (their R^2, or n/a with
+the reason), ``step_mismatch`` (branching; only when
 ``analyze.branching.episodes_per_harness`` > 0), ``log_odds`` + ``log_odds_pairs`` (only with a
 trained checkpoint and ``analyze.log_odds.max_states_per_harness`` > 0), ``leakage`` (Within vs
 Cross), ``action_jsd``. Figures: ``analyze/plots/*.png``; report: ``analyze/report.md``.
@@ -28,10 +30,9 @@ RULES = ("within", "cross")
 
 
 def kl_beta(cfg: RunConfig) -> float | None:
-    """The beta of the KL-soft ceiling: ``analyze.kl_beta``, else ``train.kl.beta`` when > 0."""
-    if cfg.analyze.kl_beta is not None:
-        return cfg.analyze.kl_beta
-    return cfg.train.kl.beta if cfg.train.kl.beta > 0 else None
+    """The beta of the KL-soft ceiling: ``analyze.kl_beta`` (default 1.0, chosen for the ceiling;
+    never the trainer's ``train.kl.beta``; None: no soft ceiling)."""
+    return cfg.analyze.kl_beta
 
 
 def leakage_rows(episodes: list[dict[str, Any]], cfg: RunConfig) -> list[dict[str, Any]]:
@@ -205,7 +206,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
     """
     from tasks.analysis.ceiling import mismatch_cells
     from tasks.analysis.leakage import action_distributions, jsd_table
-    from tasks.analysis.predictors import r2_table
+    from tasks.analysis.predictors import p1_points, r2_table
     from tasks.analysis.report import ReportInputs, render_report
     from tasks.rollout.stage import harness_specs
 
@@ -237,11 +238,13 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         ms = m_step.get((r["checkpoint"], r["harness_name"]))
         r["mismatch_step"] = ms
         r["predicted_return"] = None if ms is None or r["ceiling"] is None else r["ceiling"] - ms
-    extra = {"M_step": {k: v for k, v in m_step.items() if k[0] == a.reference}} if m_step else None
+    ref_step = {h: v for (ck, h), v in m_step.items() if ck == a.reference}
+    points = p1_points(evals, k=a.ceiling_k, beta=beta, reference=a.reference, m_step=ref_step)
     predictors = r2_table(evals, k=a.ceiling_k, beta=beta, reference=a.reference, resamples=a.bootstrap_resamples,
-                          seed=a.seed, extra_predictors=extra)
-    if not predictors:
-        notes.append("R^2 not computed: it needs at least one trained checkpoint besides the reference.")
+                          seed=a.seed, m_step=ref_step)
+    if not points:
+        notes.append("P1's R^2 not computed: it needs at least one trained checkpoint besides the reference "
+                     f"{a.reference!r}, evaluated under a harness the reference was evaluated under.")
 
     episodes = store.rows(inputs["episodes"])
     mesh_names = sorted({s.name for s in specs.values() if s.loop_type == "talkmesh"})
@@ -277,6 +280,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         "training_stability": store.write("analyze", "training_stability", stability,
                                           inputs=[inputs["train_steps"]], config_hash=ch),
         "mismatch": store.write("analyze", "mismatch", mismatch, inputs=ev_in, config_hash=ch),
+        "p1_points": store.write("analyze", "p1_points", points, inputs=ev_in, config_hash=ch),
         "predictors": store.write("analyze", "predictors", predictors, inputs=ev_in, config_hash=ch),
         "leakage": store.write("analyze", "leakage", leakage, inputs=[inputs["episodes"]], config_hash=ch),
         "action_jsd": store.write("analyze", "action_jsd", jsd, inputs=[*ev_in, inputs["eval_turns"]],
@@ -301,7 +305,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         episodes=episodes, train_steps=tables["train_steps"],
         timing=store.manifest("train", "train_steps").get("extra", {}).get("timing", []),
         eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
-        predictors=predictors, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
+        predictors=predictors, p1_points=points, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
         figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
         arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()]))
     if mesh_names:
@@ -311,12 +315,20 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
             store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
             evals, store.rows(inputs["eval_turns"], contract="turns"), mesh_names)
     store.write_text(REPORT, report)
+    def f3(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
     for r in mismatch:
-        log.info("%s / %s: pass@1 %.3f, ceiling pass@%d %s, mismatch %s", r["checkpoint"], r["harness_name"],
-                 r["pass_at_1"], r["ceiling_k"], "n/a" if r["ceiling"] is None else f"{r['ceiling']:.3f}",
-                 "n/a" if r["mismatch"] is None else f"{r['mismatch']:.3f}")
+        log.info("%s / %s: pass@1 %s, ceiling pass@%d %s, mismatch %s, KL-soft ceiling (b %s) %s", r["checkpoint"],
+                 r["harness_name"], f3(r["pass_at_1"]), r["ceiling_k"], f3(r["ceiling"]), f3(r["mismatch"]),
+                 r["kl_beta"], f3(r["ceiling_kl_soft"]))
     for r in predictors:
-        log.info("R^2 %s ~ %s: %.3f [%s, %s]", r["target"], r["predictor"], r["r2"], r["ci_low"], r["ci_high"])
+        if r["na_reason"]:
+            log.info("R^2 %s ~ %s: n/a (%s)", r["target"], r["predictor"], r["na_reason"])
+        else:
+            log.info("R^2 %s ~ %s: %.3f [%s, %s] over %d points", r["target"], r["predictor"], r["r2"],
+                     "n/a" if r["ci_low"] is None else f"{r['ci_low']:.3f}",
+                     "n/a" if r["ci_high"] is None else f"{r['ci_high']:.3f}", r["n_points"])
     for r in leakage:
         log.info("%s: zero-advantage groups %d/%d, leakage %s pp", r["rule"], r["zero_groups"], r["n_groups"],
                  "n/a" if r["leakage_pp"] is None else f"{r['leakage_pp']:+.2f}")

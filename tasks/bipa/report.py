@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.bipa.config import BipaRunConfig
+from tasks.harnesses.spec import load_harness
 
 
 def _f(x: float | None, d: int = 3) -> str:
@@ -37,7 +38,16 @@ def report_markdown(cfg: BipaRunConfig, cands: list[dict[str, Any]], replay: lis
                    f"{_f(mean.get((idx, 'test')))} |")
     if learned == 0:
         out += ["", "No candidate was accepted: the learned skill is the seed skill."]
-    out += ["", "## Token and turn overhead (episode graph)", "",
+    seed = load_harness(cfg.seed_harness_name())
+    if seed.skill_placement == "file":
+        placement = (f"Skill placement: the file `{seed.skill_path}` in the work dir, not in the prompt; the agent sees it "
+                     "only by reading it with an action, so skill coverage and turns to first read measure what the "
+                     "agent did.")
+    else:
+        placement = ("Skill placement: the system prompt. The skill is in every turn's context, read at turn 0 by "
+                     "construction: coverage 1 and turns to first read 0 are how the harness is built, not behaviour "
+                     "(use a `skill_placement: file` harness, e.g. react-python-skill-file, to measure reading).")
+    out += ["", "## Token and turn overhead (episode graph)", "", placement, "",
             "| arm | set | episodes | skill coverage (episodes) | skill coverage (turns) | turns to first skill read | "
             "skill input tokens / episode | input tokens / episode | turns / episode |",
             "|---|---|---|---|---|---|---|---|---|"]

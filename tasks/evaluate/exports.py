@@ -15,25 +15,24 @@ Written by the evaluate stage into the run folder, each file atomically through
   (``schema_version`` 2): ``resolved_ids``, ``unresolved_ids`` (timeouts included: graded
   failures), ``error_ids`` (infra errors), ``empty_patch_ids``, ``completed_ids``, ``submitted_ids``,
   ``incomplete_ids`` and their counts. An attempt's outcome is its last retry.
-- ``evaluate/eval_log.json``: one JSON eval log per run, laid out like Inspect AI's eval log
-  (``version``, ``status``, ``eval``, ``plan``, ``results``, ``samples``): the plan and its hash,
-  the chain head, package and code versions, the matrix cells and contrasts, and one sample per
-  sealed row (``id`` = task_id, ``epoch`` = attempt + 1, scores ``resolved`` "C"/"I" and
-  ``reward``). It holds no timestamp, so a re-run gives the same bytes.
+- ``evaluate/inspect/<checkpoint>.<harness>.eval``: one Inspect AI eval log per
+  (checkpoint, evaluation harness), written with inspect-ai's own types
+  (:mod:`tasks.evaluate.inspect_log`); ``inspect view`` and ``inspect_ai.log.read_eval_log`` open
+  them. :func:`check_inspect_logs` checks them against the sealed rows (``harnessrl verify``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from schemas import ArtifactStore
-from schemas.store import code_version, package_versions
 from tasks.evaluate.stats import final_attempts
 
 EXPORT_DIR = "evaluate/exports/swebench"
-EVAL_LOG = "evaluate/eval_log.json"
 
 
 def _safe(name: str) -> str:
@@ -78,39 +77,106 @@ def swebench_files(run_name: str, plan: dict[str, Any], rows: list[dict[str, Any
     return out
 
 
-def eval_log(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
-             cells: list[dict[str, Any]], contrasts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The Inspect-style eval log of a sealed evaluation as a JSON-ready dict (see module doc)."""
-    samples = [{
-        "id": r["task_id"], "epoch": r["attempt"] + 1, "checkpoint": r["checkpoint"], "harness": r["harness_name"],
-        "retry": r["retry"], "retry_of": r["retry_of"] or None,
-        "scores": {"resolved": {"value": "C" if r["resolved"] else "I"}, "reward": {"value": r["reward"]}},
-        "output": {"completion": r["final_answer"]},
-        "error": {"message": "infrastructure error"} if r["status"] == "infra_error" else None,
-        "metadata": {"status": r["status"], "eval_id": r["eval_id"], "record_id": r["record_id"], "seq": r["seq"],
-                     "seed": r["seed"], "num_turns": r["num_turns"], "output_tokens": r["output_tokens"],
-                     "seal_hash": r["seal_hash"]},
-    } for r in rows]
-    graded = sum(1 for r in final_attempts(rows).values() if r["status"] != "infra_error")
-    return {
-        "version": 2,
-        "status": "success",
-        "eval": {"run_id": p_hash, "task": run_name, "model": plan["policy"]["model"],
-                 "dataset": {"samples": len({p["task_id"] for p in plan["records"]})},
-                 "config": {"epochs": plan["attempts"], "seed": plan["seed"]},
-                 "packages": package_versions(), "revision": code_version()},
-        "plan": {"plan": plan, "plan_hash": p_hash, "chain_head": rows[-1]["seal_hash"] if rows else p_hash},
-        "results": {"total_samples": len(rows), "completed_samples": graded, "scores": cells, "contrasts": contrasts},
-        "samples": samples,
-    }
-
-
 def write_exports(store: ArtifactStore, run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
-                  cells: list[dict[str, Any]], contrasts: list[dict[str, Any]]) -> list[str]:
-    """Write the SWE-bench-style files and the eval log atomically; returns the written paths."""
+                  cells: list[dict[str, Any]], turns: list[dict[str, Any]], tasks: dict[str, dict[str, Any]],
+                  systems: dict[str, str]) -> list[str]:
+    """Write the SWE-bench-style files and the Inspect logs atomically; returns the written paths.
+    ``turns``: the attempts' turn rows; ``tasks``: task_id -> task row; ``systems``: harness name ->
+    its rendered system prompt (see :func:`tasks.evaluate.inspect_log.inspect_logs`)."""
+    from tasks.evaluate.inspect_log import inspect_logs, write_inspect_logs
+
     files = swebench_files(run_name, plan, rows)
     for rel, data in files.items():
         store.write_bytes(rel, data)
-    log = eval_log(run_name, plan, p_hash, rows, cells, contrasts)
-    store.write_bytes(EVAL_LOG, (json.dumps(log, sort_keys=True, allow_nan=False) + "\n").encode("utf-8"))
-    return [*files, EVAL_LOG]
+    logs = write_inspect_logs(store, inspect_logs(run_name, plan, p_hash, rows, cells, turns, tasks, systems))
+    return [*files, *logs]
+
+
+def check_inspect_logs(run_dir: str, *, strict: bool = False) -> list[str]:
+    """Problems found when the run's Inspect logs are read back with
+    :func:`inspect_ai.log.read_eval_log` and compared with the sealed rows (empty: consistent).
+
+    Per (checkpoint, harness) of ``evaluate/plan.json``: the log exists and reads as an Inspect
+    log; its ``eval.metadata`` names the committed plan hash, the chain head (the last sealed row's
+    ``seal_hash``), the checkpoint and the harness; its samples are exactly the planned attempts'
+    final outcomes (``id`` = task_id, ``epoch`` = attempt + 1), each with the row's ``eval_id``,
+    ``seq`` and ``seal_hash``, the score ``resolved`` "C" iff the row resolved, ``reward`` equal to
+    the row's, and no score but an error for an ``infra_error``. No other ``.eval`` file is in
+    ``evaluate/inspect``.
+
+    Args:
+        run_dir: a run folder or fsspec URL.
+        strict: raise :class:`tasks.evaluate.seal.SealError` listing the problems instead of
+            returning them.
+
+    Returns:
+        One line per problem, naming the log and the sample.
+    """
+    from inspect_ai.log import read_eval_log
+
+    from tasks.evaluate.inspect_log import INSPECT_DIR, log_path
+    from tasks.evaluate.seal import SealError
+
+    store = ArtifactStore(run_dir)
+    plan = store.read_json("evaluate/plan.json")
+    committed = store.read_bytes("evaluate/plan.sha256").decode().strip()
+    rows = store.raw_rows("evaluate", "evaluations")
+    head = rows[-1]["seal_hash"] if rows else committed
+    finals = final_attempts(rows)
+    problems: list[str] = []
+    present = {p for p in store.list_files(INSPECT_DIR) if p.endswith(".eval")} if store.exists(INSPECT_DIR) else set()
+    expected = set()
+    with tempfile.TemporaryDirectory(prefix="harnessrl-inspect-check-") as tmp:
+        for ck in plan["checkpoints"]:
+            for h in plan["harnesses"]:
+                want = {(r["task_id"], r["attempt"] + 1): r for k, r in finals.items() if k[0] == ck["name"] and k[1] == h}
+                rel = log_path(ck["name"], h)
+                expected.add(rel)
+                if rel not in present:
+                    problems.append(f"{rel}: missing (checkpoint {ck['name']}, harness {h})")
+                    continue
+                local = Path(tmp) / Path(rel).name
+                local.write_bytes(store.read_bytes(rel))
+                try:
+                    log = read_eval_log(str(local))
+                except Exception as e:  # noqa: BLE001 - any failure to read is the finding
+                    problems.append(f"{rel}: read_eval_log failed: {type(e).__name__}: {str(e)[:200]}")
+                    continue
+                problems += _check_log(rel, log, committed, head, ck["name"], h, want)
+    problems += [f"{p}: not a (checkpoint, harness) of the plan" for p in sorted(present - expected)]
+    if strict and problems:
+        raise SealError(f"Inspect logs: {len(problems)} problem(s): " + "; ".join(problems[:5]))
+    return problems
+
+
+def _check_log(rel: str, log: Any, plan_hash: str, head: str, ck: str, h: str,
+               want: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
+    out = []
+    meta = log.eval.metadata or {}
+    for key, value in (("plan_hash", plan_hash), ("chain_head", head), ("checkpoint", ck), ("harness_name", h)):
+        if meta.get(key) != value:
+            out.append(f"{rel}: eval.metadata.{key} = {str(meta.get(key))[:20]!r}, sealed {str(value)[:20]!r}")
+    got = {(str(s.id), int(s.epoch)): s for s in (log.samples or [])}
+    for key in sorted(set(want) - set(got)):
+        out.append(f"{rel}: no sample for task {key[0]} epoch {key[1]}")
+    for key in sorted(set(got) - set(want)):
+        out.append(f"{rel}: sample task {key[0]} epoch {key[1]} is not a sealed attempt")
+    for key in sorted(set(want) & set(got)):
+        r, s = want[key], got[key]
+        where = f"{rel}: sample {key[0]} epoch {key[1]}"
+        for col in ("eval_id", "seq", "seal_hash"):
+            if s.metadata.get(col) != r[col]:
+                out.append(f"{where}: metadata.{col} = {str(s.metadata.get(col))[:20]!r}, sealed {str(r[col])[:20]!r}")
+        if r["status"] == "infra_error":
+            if s.scores or s.error is None:
+                out.append(f"{where}: a sealed infra_error must have no score and an error")
+            continue
+        scores = s.scores or {}
+        res = scores.get("resolved")
+        if res is None or res.value != ("C" if r["resolved"] else "I"):
+            out.append(f"{where}: resolved = {None if res is None else res.value!r}, sealed "
+                       f"{'C' if r['resolved'] else 'I'!r} ({r['status']})")
+        rew = scores.get("reward")
+        if rew is None or float(rew.value) != float(r["reward"]):
+            out.append(f"{where}: reward = {None if rew is None else rew.value!r}, sealed {r['reward']!r}")
+    return out

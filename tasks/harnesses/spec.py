@@ -229,6 +229,15 @@ class HarnessSpec(_Strict):
     :mod:`tasks.talkmesh.episodes`; needs the ``mesh`` block, ``environments: [answer]`` and
     ``action_format: final_answer``). ``mesh`` is left out of the hashed JSON when absent, so
     adding the field changed no existing ``harness_id``.
+
+    ``skill`` (P2, BiPA): a natural-language procedure. ``skill_placement``: ``system_prompt``
+    appends it to the system prompt as a "## Skill" section (in every turn's context: read at turn
+    0 by construction); ``file`` writes it to ``skill_path`` (relative to the work dir /app) in the
+    episode's sandbox before the first action and leaves it out of the prompt, so the agent sees it
+    only by reading it with an action (``read_file``, or code that prints it): the system prompt
+    should say where it is. The engine records such a read as a ``skill`` span
+    (:mod:`tasks.rollout.harness`). ``skill_placement`` and ``skill_path`` are left out of the
+    hashed JSON at their defaults, so adding them changed no existing ``harness_id``.
     """
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
@@ -250,6 +259,8 @@ class HarnessSpec(_Strict):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     reflect: ReflectSpec | None = None
     skill: str | None = None
+    skill_placement: Literal["system_prompt", "file"] = "system_prompt"
+    skill_path: str = Field(default="SKILL.md", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
     mesh: MeshSpec | None = None
 
     @model_validator(mode="after")
@@ -266,6 +277,16 @@ class HarnessSpec(_Strict):
                                  "written)")
         elif self.mesh is not None:
             raise ValueError(f"mesh: a mesh section is only for loop_type talkmesh, not loop_type {self.loop_type}")
+        if self.skill_placement == "file":
+            if not self.skill:
+                raise ValueError("skill_placement file needs a skill to write")
+            readers = {t.impl_name for t in self.tools} & {"read_file", "python", "shell"}
+            if self.loop_type == "single_turn" or not readers:
+                raise ValueError("skill_placement file needs a multi-turn loop and a tool that can read the file "
+                                 f"(impl read_file, python or shell); this spec has loop_type {self.loop_type} and "
+                                 f"tools {sorted(t.impl_name for t in self.tools)}")
+            if ".." in self.skill_path.split("/"):
+                raise ValueError(f"skill_path {self.skill_path!r} must stay inside the work dir")
         for key, allowed in TEMPLATE_VARS.items():
             bad = placeholders(getattr(self, key)) - allowed
             if bad:
@@ -309,11 +330,15 @@ class HarnessSpec(_Strict):
         return self
 
     def spec_dict(self) -> dict[str, Any]:
-        """The spec as JSON-able data: every field, but ``mesh`` only when set (specs without it
-        hash and serialise as before the field existed)."""
+        """The spec as JSON-able data: every field, but ``mesh`` only when set and
+        ``skill_placement``/``skill_path`` only when not both at their defaults (specs without
+        them hash and serialise as before the fields existed)."""
         d = self.model_dump(mode="json")
         if d.get("mesh") is None:
             d.pop("mesh", None)
+        if d.get("skill_placement") == "system_prompt" and d.get("skill_path") == "SKILL.md":
+            d.pop("skill_placement", None)
+            d.pop("skill_path", None)
         return d
 
     @property
@@ -351,9 +376,9 @@ class HarnessSpec(_Strict):
 
     def render_system(self) -> str:
         """The system prompt (``{tools}`` filled), with the skill section appended when the spec
-        has one."""
+        has one placed in the system prompt (a ``file`` skill is not in the prompt)."""
         text = render(self.system_prompt, tools=self.tools_doc())
-        if self.skill:
+        if self.skill and self.skill_placement == "system_prompt":
             return f"{text.rstrip()}\n\n## Skill\n{self.skill.strip()}"
         return text
 

@@ -73,9 +73,11 @@ class EpisodeEnv:
     command of the task fails (an infrastructure error, not the agent's).
     """
 
-    def __init__(self, task: dict[str, Any], sandbox_cfg: SandboxConfig, seed: int):
+    def __init__(self, task: dict[str, Any], sandbox_cfg: SandboxConfig, seed: int,
+                 extra_files: dict[str, str] | None = None):
         self.task, self.cfg, self.seed = task, sandbox_cfg, seed
         self.workspace: dict[str, Any] = json.loads(task.get("workspace") or "{}")
+        self.extra_files = dict(extra_files or {})  # the harness's own files (a ``file`` skill)
         self._sandbox: Sandbox | None = None
         self._browser: Any = None
 
@@ -88,6 +90,11 @@ class EpisodeEnv:
                     sbx.write_file(path, text)
                 except (SandboxPathError, OSError) as e:  # the task's own files do not fit: not the agent's doing
                     raise SandboxError(f"task {self.task['task_id']!r}: workspace file {path!r}: {e}") from e
+            for path, text in sorted(self.extra_files.items()):
+                try:
+                    sbx.write_file(path, text)
+                except (SandboxPathError, OSError) as e:
+                    raise SandboxError(f"harness file {path!r}: {e}") from e
             for cmd in self.workspace.get("setup", []):
                 res = sbx.exec(["bash", "-c", cmd], timeout_s=self.cfg.wall_s)
                 if res.status != "ok":
@@ -182,13 +189,30 @@ def _start(ep: _Episode, spec: HarnessSpec, chat: ChatFormat, tok: Any) -> None:
                 "sha256": sha256_text(text), **extra}
 
     ep.spans0 = [span("system", spec.system_prompt)]
-    if spec.skill:
+    if spec.skill and spec.skill_placement == "system_prompt":  # in the context from turn 0, by construction
         ep.spans0.append(span("skill", spec.skill))
     ep.spans0.append(span("instruction", task["instruction"]))
     if "{files}" in spec.instance_template:
         ep.spans0 += [span("file", t, path=p) for p, t in sorted(files.items())]
     if page:
         ep.spans0.append(span("page", page))
+
+
+SKILL_PROBE_CHARS = 120
+
+
+def read_skill(spec: HarnessSpec, files_read: tuple[str, ...], text: str) -> bool:
+    """Whether a tool result showed the agent ``spec``'s ``file`` skill: the tool read the skill
+    file (``files_read`` holds ``skill_path``, e.g. ``read_file``), or its output holds the skill's
+    opening :data:`SKILL_PROBE_CHARS` characters (the whole skill when shorter) verbatim, e.g.
+    code that printed the file; an observation cut short still holds the opening. Always False
+    for a skill in the system prompt."""
+    if not spec.skill or spec.skill_placement != "file":
+        return False
+    if spec.skill_path in {p.removeprefix("./") for p in files_read}:
+        return True
+    probe = spec.skill.strip()[:SKILL_PROBE_CHARS]
+    return bool(probe) and probe in text
 
 
 def _run_calls(ep: _Episode, spec: HarnessSpec, parsed: ParsedReply, sandbox_cfg: SandboxConfig
@@ -239,8 +263,12 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
                 for name, out in outs:
                     text = truncate(out.text, spec.context.observation_max_chars, spec.context.truncation)
                     texts.append(render(spec.observation_template, output=text, turns_left=turns_left, tool=name))
-                    spans += [{"source": "file", "path": p, "tool": name} for p in out.files_read]
-                    if not out.files_read:
+                    skill = read_skill(spec, out.files_read, text)
+                    if skill:  # the skill entered the context by the agent's action
+                        spans.append({"source": "skill", "path": spec.skill_path, "tool": name})
+                    spans += [{"source": "file", "path": p, "tool": name} for p in out.files_read
+                              if not (skill and p.removeprefix("./") == spec.skill_path)]
+                    if not out.files_read and not skill:
                         spans.append({"source": "tool_output", "tool": name})
                 observation = "\n\n".join(texts)
                 if spec.loop_type == "reflect_on_test_failure" and spec.reflect is not None and not parsed.error:
@@ -308,7 +336,9 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                          "are mesh runs (tasks.talkmesh.episodes.run_mesh_records, via tasks.rollout.stage.run_records)")
     tok = policy.tokenizer
     chat = ChatFormat(tok)
-    eps = [_Episode(job=j, env=EpisodeEnv(j.task, sandbox_cfg, j.seed)) for j in jobs]
+    extra = {spec.skill_path: spec.skill} if spec.skill and spec.skill_placement == "file" else None
+    skill_tokens = len(tok.encode(spec.skill, add_special_tokens=False)) if extra else 0
+    eps = [_Episode(job=j, env=EpisodeEnv(j.task, sandbox_cfg, j.seed, extra)) for j in jobs]
     workers = max(1, min(sandbox_cfg.parallel, len(eps)))
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="harness-tools")
     try:
@@ -359,8 +389,12 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                         raise ValueError(f"episode {e.job.episode_id}: turn {turn + 1} prompt does not extend turn {turn}")
                     start_pos, end_pos = len(base), len(new_prompt)
                     for s in obs_spans:
-                        spans.append({**s, "turn": turn + 1, "tokens": len(cont), "start": start_pos, "end": end_pos,
-                                      "sha256": sha256_text(observation)})
+                        # a skill read is identified by the skill's text (one graph node however it
+                        # was read) and counts the skill's tokens; other spans the observation's
+                        text_sha, n_tok = ((sha256_text(spec.skill), skill_tokens) if s["source"] == "skill" and spec.skill
+                                           else (sha256_text(observation), len(cont)))
+                        spans.append({**s, "turn": turn + 1, "tokens": n_tok, "start": start_pos, "end": end_pos,
+                                      "sha256": text_sha})
                     if limit is not None and len(new_prompt) + spec.sampling.max_new_tokens > limit:
                         e.done = e.cut = True
                         e.answer = fallback_answer(spec, g.text)

@@ -119,19 +119,57 @@ def residualized_rewards(rewards: torch.Tensor | Sequence[float], task_ids: Sequ
     return out
 
 
-def coverage_matched_mask(within_adv: torch.Tensor, cross_adv: torch.Tensor, *, seed: int) -> torch.Tensor:
-    """P4's coverage-matched Cross: keep a seeded random subset of the Cross samples with non-zero
-    advantage, as many as Within has (or all of them if Cross has fewer). Returns a bool ``[N]``
-    keep-mask; dropped samples get advantage 0 (:func:`advantages_for`)."""
+def coverage_matched_mask(within_adv: torch.Tensor, cross_adv: torch.Tensor, cross_groups: Sequence[str], *,
+                          seed: int) -> torch.Tensor:
+    """P4's coverage-matched Cross (METHODS.md; Le et al., arXiv 2609.04518): Cross grouping kept
+    on a subset of whole Cross groups whose non-zero-advantage samples number as many as Within
+    has, so both rules train on the same amount of signal.
+
+    Rule (our reconstruction, [design]): the Cross groups (tasks) with at least one non-zero
+    advantage are visited in a seeded random order (``torch.randperm`` with
+    ``torch.Generator().manual_seed(seed)`` over the groups sorted by id); a group is kept, with
+    ALL its samples, when its non-zero count still fits under the target ``n_within`` = the number
+    of non-zero Within advantages (first fit); the others are dropped whole. So
+
+    - every group's advantages still sum to 0 (a kept group is a full GRPO group, centred on its
+      own mean; a dropped group is all 0), which subsampling single samples breaks;
+    - kept non-zero samples <= ``n_within``, and a group is skipped only when it would overshoot
+      (so the shortfall is smaller than the smallest non-zero group left out);
+    - if Cross has no more non-zero samples than Within, every group is kept.
+
+    Args:
+        within_adv, cross_adv: float ``[N]`` advantages of the same samples under Within and Cross.
+        cross_groups: ``N`` Cross group ids (:func:`group_ids` with ``mode="cross"``).
+        seed: the order of the groups.
+
+    Returns:
+        bool ``[N]`` keep-mask (constant within each Cross group).
+
+    Raises:
+        ValueError: the three inputs differ in length.
+    """
+    n = cross_adv.numel()
+    if within_adv.numel() != n or len(cross_groups) != n:
+        raise ValueError(f"within_adv ({within_adv.numel()}), cross_adv ({n}) and cross_groups ({len(cross_groups)}) "
+                         "differ in length")
     n_within = int((within_adv != 0).sum())
-    candidates = torch.nonzero(cross_adv != 0).flatten()
-    keep = torch.zeros(cross_adv.numel(), dtype=torch.bool)
-    if len(candidates) <= n_within:
-        keep[candidates] = True
+    nonzero = (cross_adv != 0).tolist()
+    members: dict[str, list[int]] = {}
+    for i, g in enumerate(cross_groups):
+        members.setdefault(g, []).append(i)
+    live = sorted(g for g, idx in members.items() if any(nonzero[i] for i in idx))
+    keep = torch.zeros(n, dtype=torch.bool)
+    if sum(nonzero) <= n_within:
+        keep[:] = True
         return keep
-    g = torch.Generator().manual_seed(seed)
-    chosen = candidates[torch.randperm(len(candidates), generator=g)[:n_within]]
-    keep[chosen] = True
+    order = torch.randperm(len(live), generator=torch.Generator().manual_seed(seed)).tolist()
+    kept = 0
+    for j in order:
+        idx = members[live[j]]
+        size = sum(nonzero[i] for i in idx)
+        if kept + size <= n_within:
+            keep[idx] = True
+            kept += size
     return keep
 
 
@@ -145,7 +183,8 @@ def advantages_for(rewards: torch.Tensor | Sequence[float], task_ids: Sequence[s
 
     - ``within``: one group per (task, harness);
     - ``cross``: harnesses pooled per task;
-    - ``cross_coverage_matched``: Cross, subsampled (seeded) to Within's number of non-zero-advantage samples;
+    - ``cross_coverage_matched``: Cross on a seeded subset of whole Cross groups holding at most Within's
+      number of non-zero-advantage samples (:func:`coverage_matched_mask`; every group still sums to 0);
     - ``cross_residualized``: Cross over rewards minus a leave-one-task-out per-harness baseline.
 
     Raises:
@@ -162,5 +201,5 @@ def advantages_for(rewards: torch.Tensor | Sequence[float], task_ids: Sequence[s
     if grouping == "cross_coverage_matched":
         cross = group_advantages(rewards, g, scale=scale, eps=eps)
         within = group_advantages(rewards, group_ids(task_ids, harness_ids, "within"), scale=scale, eps=eps)
-        return cross * coverage_matched_mask(within, cross, seed=seed), g
+        return cross * coverage_matched_mask(within, cross, g, seed=seed), g
     raise ValueError(f"grouping {grouping!r} is not one of {GROUPINGS}")

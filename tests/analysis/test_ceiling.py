@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from tasks.analysis.ceiling import kl_soft_ceiling, kl_soft_ceiling_array, mismatch_cells
+from tasks.analysis.ceiling import kl_soft_ceiling, kl_soft_ceiling_array, kl_soft_ceiling_tasks, mismatch_cells
 
 from ._rows import ev, outcomes
 
@@ -14,6 +14,29 @@ def test_kl_soft_ceiling_hand_value():
     assert kl_soft_ceiling(0.25, 1.0) == pytest.approx(0.25 * E / (0.75 + 0.25 * E), abs=1e-12)
     # beta = 0.5: e^{1/beta} = e^2
     assert kl_soft_ceiling(0.1, 0.5) == pytest.approx(0.1 * E**2 / (0.9 + 0.1 * E**2), abs=1e-12)
+
+
+def test_kl_soft_ceiling_is_per_task_then_averaged():
+    # METHODS.md P1 by hand: half the tasks at p = 0 (never solved: cannot be lifted), half at 0.6
+    j = 0.6 * math.exp(20) / (0.4 + 0.6 * math.exp(20))  # J(0.6) at beta 0.05
+    assert kl_soft_ceiling_tasks([0.0, 0.6], 0.05) == pytest.approx(0.5 * j, abs=1e-15)
+    assert kl_soft_ceiling_tasks([0.0, 0.6, 0.0, 0.6], 0.05) == pytest.approx(0.5 * j, abs=1e-15)
+    assert kl_soft_ceiling_tasks([0.0, 0.6], 0.05) < 0.5  # the aggregated J(0.3) would be 0.999999995
+    assert kl_soft_ceiling(0.3, 0.05) > 0.99999999
+    # beta 1: J(0.6) = 0.6 e / (0.4 + 0.6 e)
+    assert kl_soft_ceiling_tasks([0.0, 0.6], 1.0) == pytest.approx(0.5 * 0.6 * E / (0.4 + 0.6 * E), abs=1e-15)
+    assert kl_soft_ceiling_tasks([], 1.0) is None
+    with pytest.raises(ValueError, match="1.5"):
+        kl_soft_ceiling_tasks([0.2, 1.5], 1.0)
+
+
+def test_mismatch_cells_soft_ceiling_half_unsolved_tasks():
+    # the reference never solves task A, solves B 3 times in 5 (p = 0.6): C_soft = 0.5 J(0.6)
+    rows = outcomes("base", "h", "A", ["unresolved"] * 5) + outcomes("base", "h", "B", ["resolved"] * 3 + ["unresolved"] * 2)
+    (cell,) = mismatch_cells(rows, k=1, beta=0.05)
+    assert cell["ref_pass_at_1"] == pytest.approx(0.3)
+    assert cell["ceiling_kl_soft"] == pytest.approx(0.5 * kl_soft_ceiling(0.6, 0.05), abs=1e-15)
+    assert cell["mismatch_kl_soft"] == pytest.approx(0.5 * kl_soft_ceiling(0.6, 0.05) - 0.3, abs=1e-15)
 
 
 def test_kl_soft_ceiling_limits():
@@ -64,7 +87,8 @@ def _evals():
 
 
 def test_mismatch_cells_hand_computed():
-    soft = 0.25 * E / (0.75 + 0.25 * E)
+    # per task, then averaged: base/h1 rates A = 2/4, B = 0/3 -> (J(0.5) + J(0)) / 2 = e / (1 + e) / 2
+    soft = 0.5 * (0.5 * E / (0.5 + 0.5 * E) + 0.0)
     rows = {(r["checkpoint"], r["harness_name"]): r for r in mismatch_cells(_evals(), k=2, beta=1.0)}
     assert list(rows) == [("base", "h1"), ("step1", "h1"), ("step1", "h2")]
     b = rows[("base", "h1")]

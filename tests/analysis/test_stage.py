@@ -1,6 +1,8 @@
 """The analyze stage end to end on a scripted sealed evaluation (no model): every table, the
 figures, the report, and the Prefect artifacts the UI shows."""
 
+import math
+
 import pytest
 
 from schemas import ArtifactStore
@@ -81,6 +83,8 @@ def analyzed(tmp_path_factory):
 def test_mismatch_agrees_with_the_sealed_cells_and_the_soft_ceiling(analyzed):
     cfg, store, refs, out = analyzed
     mism = store.rows(out["mismatch"])
+    evals = store.rows(refs["evaluations"])
+    assert all(e["retry"] == 0 for e in evals)  # no retries here: every row is a final attempt
     cells = {(c["checkpoint"], c["harness_name"]): c for c in store.rows(refs["eval_cells"]) if c["kind"] == "cell"}
     assert len(mism) == 3 * 3 and {(m["checkpoint"], m["harness_name"]) for m in mism} == set(cells)
     for m in mism:
@@ -89,20 +93,40 @@ def test_mismatch_agrees_with_the_sealed_cells_and_the_soft_ceiling(analyzed):
         assert m["pass_at_1"] == pytest.approx(c["pass_at_1"]) and m["ceiling"] == pytest.approx(c["pass_at_k"])
         assert m["mismatch"] == pytest.approx(m["ceiling"] - m["pass_at_1"])
         p = cells[("base", m["harness_name"])]["pass_at_1"]
-        assert m["ref_pass_at_1"] == pytest.approx(p) and m["kl_beta"] == 0.5
-        import math
-        assert m["ceiling_kl_soft"] == pytest.approx(p * math.e ** 2 / (1 - p + p * math.e ** 2))
+        # b is analyze.kl_beta's default 1.0, not the trainer's train.kl.beta = 0.5
+        assert m["ref_pass_at_1"] == pytest.approx(p) and m["kl_beta"] == 1.0
+        # per task, then averaged, from the base's sealed rows under the harness
+        rates = {}
+        for e in evals:
+            if e["checkpoint"] == "base" and e["harness_name"] == m["harness_name"] and e["status"] != "infra_error":
+                rates.setdefault(e["task_id"], []).append(float(e["resolved"]))
+        js = [(q := sum(v) / len(v)) * math.e / (1 - q + q * math.e) for v in rates.values()]
+        assert m["ceiling_kl_soft"] == pytest.approx(sum(js) / len(js), abs=1e-12)
         assert m["mismatch_step"] is None and m["predicted_return"] is None
 
 
 def test_predictors_cover_both_targets_over_the_trained_points(analyzed):
     _, store, _, out = analyzed
+    from tasks.analysis.predictors import NOT_MEASURED_STEP
+
     rows = store.rows(out["predictors"])
     assert {(r["target"], r["predictor"]) for r in rows} == {
-        (t, p) for t in ("gain", "return") for p in ("C", "C_kl_soft", "M", "C_minus_M")}
+        (t, p) for t in ("gain", "return") for p in ("C", "C_kl_soft", "M", "M_step", "C_minus_M", "C_minus_M_step")}
     for r in rows:
+        if r["predictor"] in ("M_step", "C_minus_M_step"):  # no branching in this config
+            assert r["na_reason"] == NOT_MEASURED_STEP and r["r2"] is None and r["n_points"] == 0
+            continue
         assert r["n_points"] == 2 * 3  # (within, cross) x 3 evaluation harnesses
-        assert 0.0 <= r["r2"] <= 1.0 and r["ci_low"] <= r["ci_high"]
+        assert r["na_reason"] == "" and 0.0 <= r["r2"] <= 1.0 and r["ci_low"] <= r["ci_high"]
+    pts = store.rows(out["p1_points"])
+    assert {(p["checkpoint"], p["harness_name"]) for p in pts} == {
+        (a, h) for a in ("within", "cross") for h in ("direct", "react-python", "qwen-code-like")}
+    mism = {(m["checkpoint"], m["harness_name"]): m for m in store.rows(out["mismatch"])}
+    for p in pts:
+        base, ck = mism[("base", p["harness_name"])], mism[(p["checkpoint"], p["harness_name"])]
+        assert (p["C"], p["C_kl_soft"], p["M"]) == pytest.approx((base["ceiling"], base["ceiling_kl_soft"], base["mismatch"]))
+        assert p["C_minus_M"] == pytest.approx(base["pass_at_1"]) and p["M_step"] is None
+        assert p["gain"] == pytest.approx(ck["pass_at_1"] - base["pass_at_1"])
 
 
 def test_cross_grouping_leaks_the_harness_and_within_does_not(analyzed):
@@ -160,8 +184,8 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
         return publish_report(store.url)
 
     keys = show()
-    assert "harnessrl-report" in keys and "harnessrl-mismatch" in keys and "harnessrl-leakage" in keys
-    assert "harnessrl-plot-leakage" in keys and "harnessrl-plot-leakage-file" in keys
+    assert keys[-1] == "harnessrl-report" and "harnessrl-mismatch" in keys and "harnessrl-leakage" in keys
+    assert "harnessrl-p1-points" in keys and "harnessrl-report-file" in keys
 
     import asyncio
 
@@ -172,6 +196,8 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
             return await c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
 
     arts = {a.key: a for a in asyncio.run(fetch())}
-    assert arts["harnessrl-plot-leakage"].type == "image"
-    assert str(arts["harnessrl-plot-leakage"].data).startswith("data:image/png;base64,")
-    assert "file://" in str(arts["harnessrl-plot-leakage-file"].data)
+    report = arts["harnessrl-report"].data
+    figs = store.list_files("analyze/plots")
+    assert "](plots/" not in report and report.count("](data:image/png;base64,") == len(figs) == 6
+    assert arts["harnessrl-report"].flow_run_id != arts["harnessrl-mismatch"].flow_run_id  # tables: a subflow run
+    assert "file://" in str(arts["harnessrl-report-file"].data)

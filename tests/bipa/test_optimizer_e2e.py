@@ -98,6 +98,18 @@ def test_tiny_bipa_run(tiny_model_dir, prefect_harness, tmp_path, monkeypatch):
     assert g.number_of_edges() == len(edges) == 4 * 4 * 3  # 4 arm-sets x 4 episodes x (system, skill, instruction)
     report = (tmp_path / "bipa" / "report.md").read_text()
     assert "| learned | 1 | 1.000 | 1.000 | 1.000 |" in report and "| seed (hand-written) | 0 | 0.000 |" in report
+    assert "read at turn 0 by construction" in report  # react-python-skill: the skill is in the system prompt
+
+
+def test_report_says_how_the_skill_is_placed(tiny_model_dir):
+    from tasks.bipa.report import report_markdown
+
+    for harness, says, not_says in (("react-python-skill-file", "only by reading it with an action", "by construction"),
+                                    ("react-python-skill", "read at turn 0 by construction", "only by reading")):
+        cfg = _cfg(tiny_model_dir).model_copy(update={"harnesses": [harness]})
+        cfg = type(cfg).model_validate({**cfg.model_dump(), "bipa": {**cfg.bipa.model_dump(), "harness": harness}})
+        report = report_markdown(cfg, [], [], [], [], 0)
+        assert says in report and not_says not in report
 
 
 def test_same_config_same_bytes(tiny_model_dir, tmp_path):

@@ -161,10 +161,70 @@ def test_exports_are_readable_without_harnessrl(sealed):
     assert rep["resolved_ids"] == sorted(t for t, r in last.items() if r["status"] == "resolved")
     assert rep["error_ids"] == sorted(t for t, r in last.items() if r["status"] == "infra_error")
     assert rep["resolved_instances"] + rep["unresolved_instances"] + rep["error_instances"] == len(last)
-    log = json.load(open(f"{root}/eval_log.json"))
-    assert log["plan"]["plan_hash"] == store.read_bytes("evaluate/plan.sha256").decode().strip()
-    assert log["plan"]["chain_head"] == rows[-1]["seal_hash"] and len(log["samples"]) == len(rows)
-    assert log["samples"][0]["scores"]["resolved"]["value"] == ("C" if rows[0]["resolved"] else "I")
+
+
+def test_inspect_logs_read_back_with_inspect_and_match_the_seal(sealed):
+    from inspect_ai.log import read_eval_log
+
+    from tasks.evaluate.exports import check_inspect_logs
+    from tasks.evaluate.stats import final_attempts
+
+    cfg, store, refs, out, *_ = sealed
+    rows = store.rows(out["evaluations"])
+    plan = store.read_json(PLAN)
+    ph = store.read_bytes("evaluate/plan.sha256").decode().strip()
+    finals = final_attempts(rows)
+    names = sorted(p.rsplit("/", 1)[-1] for p in store.list_files("evaluate/inspect"))
+    assert names == sorted(f"{c['name']}.{h}.eval" for c in plan["checkpoints"] for h in plan["harnesses"])
+    for ck in plan["checkpoints"]:
+        for h in plan["harnesses"]:
+            log = read_eval_log(f"{store.root}/evaluate/inspect/{ck['name']}.{h}.eval")
+            assert log.status == "success" and log.eval.task == f"sealed/{h}" and log.eval.run_id == ph
+            assert log.eval.metadata["plan_hash"] == ph and log.eval.metadata["chain_head"] == rows[-1]["seal_hash"]
+            assert log.eval.config.epochs == 3 and log.eval.metadata["held_out"] == (h in plan["held_out"])
+            want = {(r["task_id"], r["attempt"] + 1): r for k, r in finals.items() if k[:2] == (ck["name"], h)}
+            got = {(s.id, s.epoch): s for s in log.samples}
+            assert set(got) == set(want) and log.results.total_samples == len(want)
+            for key, s in got.items():
+                r = want[key]
+                assert s.metadata["seal_hash"] == r["seal_hash"] and s.metadata["seq"] == r["seq"]
+                if r["status"] == "infra_error":
+                    assert s.scores is None and "infrastructure error" in s.error.message
+                else:
+                    assert s.scores["resolved"].value == ("C" if r["resolved"] else "I")
+                    assert s.scores["reward"].value == r["reward"]
+                    assert s.messages[0].role == "system" and s.messages[1].content == s.input
+            cell = next(c for c in store.rows(out["eval_cells"]) if c["kind"] == "cell"
+                        and (c["checkpoint"], c["harness_name"]) == (ck["name"], h))
+            metrics = log.results.scores[0].metrics
+            if cell["counted"]:
+                assert metrics["pass_at_1"].value == pytest.approx(cell["pass_at_1"])
+    assert any(r["retry"] for r in rows)  # the fixture has retried infra errors: replaced rows are not samples
+    assert check_inspect_logs(store.url) == []
+
+
+def test_check_inspect_logs_names_a_forged_sample(sealed, tmp_path):
+    from inspect_ai.log import read_eval_log, write_eval_log
+
+    from tasks.evaluate.exports import check_inspect_logs
+
+    _, store, *_ = sealed
+    run = tmp_path / "run"
+    shutil.copytree(store.root, run)
+    path = run / "evaluate/inspect/final.direct.eval"
+    log = read_eval_log(str(path))
+    s = next(s for s in log.samples if s.scores and s.scores["resolved"].value == "I")
+    s.scores["resolved"].value = "C"  # a failure turned into a pass
+    dropped = next(x for x in reversed(log.samples) if x is not s)  # and a sample deleted
+    log.samples.remove(dropped)
+    write_eval_log(log, str(path))
+    probs = check_inspect_logs(str(run))
+    assert any(f"sample {s.id} epoch {s.epoch}: resolved = 'C'" in p for p in probs), probs
+    assert any(f"no sample for task {dropped.id} epoch {dropped.epoch}" in p for p in probs), probs
+    (run / "evaluate/inspect/base.react-python.eval").unlink()
+    assert any("base.react-python.eval: missing" in p for p in check_inspect_logs(str(run)))
+    result = CliRunner().invoke(app, ["verify", str(run)])
+    assert result.exit_code == 1 and "Inspect logs" in result.output
 
 
 def test_reruns_are_byte_identical(sealed, tmp_path):
@@ -172,7 +232,13 @@ def test_reruns_are_byte_identical(sealed, tmp_path):
     _, store2, _, out2, *_ = _run(tmp_path)
     for k in out:
         assert out[k].sha256 == out2[k].sha256, k
-    assert store.read_bytes("evaluate/eval_log.json") == store2.read_bytes("evaluate/eval_log.json")
+    # the Inspect logs carry the time of writing; every sealed value in them is the same
+    from inspect_ai.log import read_eval_log
+
+    for rel in store.list_files("evaluate/inspect"):
+        a, b = (read_eval_log(f"{st.root}/{rel}") for st in (store, store2))
+        assert [x.model_dump() for x in a.samples] == [x.model_dump() for x in b.samples]
+        assert a.eval.metadata == b.eval.metadata and a.results == b.results
 
 
 def test_evaluate_refuses_test_tasks_in_the_train_records(tmp_path):

@@ -52,3 +52,72 @@ def test_mdd_formula():
     assert min_detectable_difference(0.5, 100, 0.05, 4, 0.8) == pytest.approx((2.497705 + 0.841621) * 0.05, abs=1e-5)
     with pytest.raises(ValueError, match="n=0"):
         min_detectable_difference(0.5, 0, 0.05, 1, 0.8)
+
+
+# ---- contrast_table: the Bonferroni level and the sign of a - b -------------------------------
+
+from tasks.evaluate.stats import cell_table, contrast_table  # noqa: E402
+from tasks.hashing import seed_from  # noqa: E402
+
+
+def _contrast_rows(rates: dict[tuple[str, str], list[int]], attempts: int = 2) -> list[dict]:
+    """Sealed-style rows: ``rates[(checkpoint, harness)][i]`` = resolved attempts of task i."""
+    rows = []
+    for (ck, h), per_task in rates.items():
+        for i, c in enumerate(per_task):
+            for a in range(attempts):
+                ok = a < c
+                rows.append({"checkpoint": ck, "harness_name": h, "record_id": f"t{i}|{h}", "task_id": f"t{i}",
+                             "attempt": a, "retry": 0, "status": "resolved" if ok else "unresolved",
+                             "resolved": ok, "reward": float(ok)})
+    return rows
+
+
+def _plan(n_tasks: int, harnesses: list[str], contrasts: list[dict], attempts: int = 2) -> dict:
+    return {"records": [{"record_id": f"t{i}|{h}", "task_id": f"t{i}", "harness_name": h}
+                        for h in harnesses for i in range(n_tasks)],
+            "checkpoints": [{"name": "base"}, {"name": "final"}], "harnesses": harnesses, "held_out": [],
+            "attempts": attempts, "seed": 99, "contrasts": contrasts}
+
+
+def test_contrast_estimate_is_a_minus_b_by_hand():
+    # per-task success rates (2 attempts): final = [1, 1, 0.5, 1], base = [0, 0.5, 0.5, 0]
+    # -> a - b = [1, 0.5, 0, 1], mean +0.625; every difference >= 0, so the interval is >= 0 too
+    rows = _contrast_rows({("final", "h"): [2, 2, 1, 2], ("base", "h"): [0, 1, 1, 0]})
+    plan = _plan(4, ["h"], [{"name": "final-vs-base", "a": {"checkpoint": "final", "harness": "h"},
+                             "b": {"checkpoint": "base", "harness": "h"}}])
+    (c,) = contrast_table(rows, plan, cell_table(rows, plan, 0.95), alpha=0.05, resamples=500, power=0.8)
+    assert c["status"] == "ok" and c["n_tasks"] == 4
+    assert c["a_mean"] == pytest.approx(0.875) and c["b_mean"] == pytest.approx(0.25)
+    assert c["estimate"] == pytest.approx(+0.625, abs=1e-12)
+    assert 0.0 <= c["ci_low"] <= c["estimate"] <= c["ci_high"] <= 1.0
+    assert c["sd_diff"] == pytest.approx(float(np.std([1, 0.5, 0, 1], ddof=1)))
+
+
+def test_contrast_intervals_are_at_the_bonferroni_level_one_minus_alpha_over_m():
+    rng = np.random.default_rng(5)
+    n, hs = 60, ["h1", "h2", "h3", "h4"]
+    rates = {}
+    for h in hs:
+        rates[("base", h)] = rng.integers(0, 3, n).tolist()
+        rates[("final", h)] = rng.integers(0, 3, n).tolist()
+    rows = _contrast_rows(rates)
+    contrasts = [{"name": f"final-vs-base:{h}", "a": {"checkpoint": "final", "harness": h},
+                  "b": {"checkpoint": "base", "harness": h}} for h in hs]
+    plan = _plan(n, hs, contrasts)
+    alpha, m, resamples = 0.1, 4, 4000
+    out = contrast_table(rows, plan, cell_table(rows, plan, 0.95), alpha=alpha, resamples=resamples, power=0.8)
+    for c in out:
+        h = c["a_harness"]
+        order = sorted(range(n), key=lambda i: f"t{i}")  # the table pairs tasks in task-id order
+        d = (np.array(rates[("final", h)]) - np.array(rates[("base", h)]))[order] / 2.0
+        seed = seed_from(99, "bootstrap", c["name"])
+        idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n), dtype=np.int32)
+        boot = d[idx].mean(axis=1)
+        # the family-wise level: each interval at 1 - alpha/m, quantiles alpha/(2m) and 1 - alpha/(2m)
+        assert c["m_contrasts"] == m
+        assert c["ci_low"] == pytest.approx(np.quantile(boot, alpha / (2 * m)), abs=1e-12)
+        assert c["ci_high"] == pytest.approx(np.quantile(boot, 1 - alpha / (2 * m)), abs=1e-12)
+        # ... strictly wider than the unadjusted 1 - alpha interval on these data
+        assert c["ci_low"] < np.quantile(boot, alpha / 2) and c["ci_high"] > np.quantile(boot, 1 - alpha / 2)
+        assert c["p_bonferroni"] == pytest.approx(min(1.0, m * c["p_value"]))

@@ -16,9 +16,11 @@ import httpx
 import pytest
 import yaml
 
-from tests.facilities import bwrap_missing, free_port, require, stop_process_group
+from tests.facilities import bwrap_missing, chromium_missing, free_port, require, stop_process_group
+from tests.flows._browser import analyzed_folder, driver_for, wait_js
 
 REPO = Path(__file__).resolve().parents[2]
+SHOTS = Path(os.environ.get("HARNESSRL_SCREENSHOTS", "/tmp/harnessrl-screenshots"))
 PREFECT = str(Path(sys.executable).parent / "prefect")
 STAGES = ["freeze", "rollout", "train", "evaluate", "analyze"]
 pytestmark = pytest.mark.slow
@@ -110,7 +112,8 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
         assert all(t.state.is_completed() for t in tasks)
         (art,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["harnessrl-report"])))
         assert art.flow_run_id == run.id and art.type == "markdown"
-        assert art.data == (run_dir / "analyze/report.md").read_text() and "pass@1" in art.data
+        md = (run_dir / "analyze/report.md").read_text()  # the UI's copy has the figures inlined
+        assert art.data.split("![")[0] == md.split("![")[0] and "pass@1" in art.data and "](plots/" not in art.data
     assert (run_dir / "analyze/mismatch.parquet").is_file()
     print(f"deploy {t_deploy:.1f} s, worker run {t_run:.1f} s")
 
@@ -136,3 +139,68 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
     (tmp_path / "artifact.html").write_text(art_dom)
     assert "Artifact: harnessrl-report" in art_dom and f"harnessrl report of {run_dir}" in art_dom
     print(f"screenshot: {shot}")
+
+
+def test_report_artifact_shows_every_figure_and_fits_1400px(server, tmp_path):
+    """The report in the Prefect UI: a flow run publishes a report with figures; headless Chromium opens
+    the report artifact's page (every image loaded, naturalWidth > 0; no table wider than a 1400 px
+    window) and the flow run's artifacts tab (the report is the first card)."""
+    require("chromium", chromium_missing())
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.stages import publish_report
+
+    api, ui, _ = server
+    run_dir, n_figs = analyzed_folder(tmp_path / "run")
+
+    @flow(name="report-ui")
+    def show() -> list[str]:
+        return publish_report(run_dir)
+
+    with temporary_settings({PREFECT_API_URL: api}):
+        state = show(return_state=True)
+        keys = state.result()
+        assert keys[-1] == "harnessrl-report" and "harnessrl-predictors" in keys and "harnessrl-p1-points" in keys
+        with get_client(sync_client=True) as client:
+            fr_id = state.state_details.flow_run_id
+            arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[fr_id])))
+    assert [a.key for a in arts] == ["harnessrl-report"]  # the run's own artifact; tables in the subflow run
+    report = arts[0]
+    assert report.data.count("data:image/png;base64,") == n_figs and "](plots/" not in report.data
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver = driver_for(tmp_path, 9000)
+    try:
+        driver.get(f"{ui}/artifacts/artifact/{report.id}")
+        n = wait_js(driver, "const i = [...document.images].filter(x => x.src.startsWith('data:image/png'));"
+                          f"return i.length >= {n_figs} && i.every(x => x.complete) ? i.length : 0")
+        imgs = driver.execute_script("return [...document.images].filter(x => x.src.startsWith('data:image/png'))"
+                                     ".map(x => [x.alt, x.naturalWidth, x.naturalHeight])")
+        driver.save_screenshot(str(SHOTS / "report-artifact.png"))
+        assert n == n_figs and len(imgs) == n_figs, imgs
+        assert all(w > 0 and h > 0 for _, w, h in imgs), imgs  # every figure decoded, none broken
+        # tables readable at 1400 px: none is cut off at the right or wider than the window
+        tables = driver.execute_script(
+            "return [...document.querySelectorAll('table')].map(t => { const r = t.getBoundingClientRect();"
+            "return [t.rows[0].innerText.slice(0, 40), Math.round(r.right), t.scrollWidth, t.clientWidth]; })")
+        width = driver.execute_script("return document.documentElement.clientWidth")
+        assert len(tables) >= 3, tables
+        assert all(right <= width and sw <= cw + 1 for _, right, sw, cw in tables), (width, tables)
+        text = driver.execute_script("return document.body.innerText")
+        assert "P1's claim test" in text and "n/a" in text and "Prefect" in driver.title
+
+        # the flow run's artifacts tab: the report is the first (and only) card; the tables went to a subflow run
+        driver.set_window_size(1400, 1400)
+        driver.get(f"{ui}/runs/flow-run/{fr_id}")
+        leaf = "[...document.querySelectorAll('*')].find(e => e.children.length === 0 && e.textContent.trim() === 'Artifacts')"
+        assert wait_js(driver, f"return !!{leaf}")
+        driver.execute_script(f"{leaf}.click()")
+        cards = wait_js(driver, "return [...document.querySelectorAll('.artifact-card__title')].map(e => e.textContent.trim())")
+        driver.save_screenshot(str(SHOTS / "flow-run-artifacts.png"))
+        assert cards and cards[0] == "harnessrl-report", cards
+    finally:
+        driver.quit()
+    print(f"screenshots: {SHOTS / 'report-artifact.png'}, {SHOTS / 'flow-run-artifacts.png'}")

@@ -204,8 +204,6 @@ def test_online_off_policy_training_stage_on_the_frozen_records(run, tiny_model_
 
 def test_sealed_statistics_and_exports_of_the_run(run):
     """The matrix, the pre-registered contrasts (final - base per harness) and the exports."""
-    import json
-
     cfg, rd, result = run
     store = ArtifactStore(rd)
     outs = result["evaluate"]["outputs"]
@@ -232,7 +230,13 @@ def test_sealed_statistics_and_exports_of_the_run(run):
         assert c["resamples"] == 10_000 and c["m_contrasts"] == 2
         if c["status"] == "ok":
             assert c["ci_low"] <= c["estimate"] <= c["ci_high"] and c["n_tasks"] == 3
-    log = json.loads((rd / "evaluate/eval_log.json").read_text())
-    assert len(log["samples"]) == len(evals) and log["plan"]["chain_head"] == evals[-1]["seal_hash"]
+    from inspect_ai.log import read_eval_log
+
+    from tasks.evaluate.exports import check_inspect_logs
+
+    logs = [read_eval_log(str(p)) for p in sorted((rd / "evaluate/inspect").glob("*.eval"))]
+    assert len(logs) == 2 * 2 and sum(len(x.samples) for x in logs) == len(evals)  # no retries here
+    assert {x.eval.metadata["chain_head"] for x in logs} == {evals[-1]["seal_hash"]}
+    assert check_inspect_logs(str(rd)) == []
     reports = sorted((rd / "evaluate/exports/swebench").glob("*.report.json"))
     assert len(reports) == 2 * 2 * 2  # checkpoints x harnesses x attempts

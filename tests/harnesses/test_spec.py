@@ -5,7 +5,7 @@ from tasks.harnesses.spec import HarnessError, load_harness
 
 
 SHIPPED = ["aider-like", "answer-tag", "direct", "openhands-like", "qwen-code-like", "react-python",
-           "react-python-skill", "swe-agent-like", "talkmesh", "web-react"]
+           "react-python-skill", "react-python-skill-file", "swe-agent-like", "talkmesh", "web-react"]
 
 
 def test_every_shipped_family_loads_with_its_loop_and_format():
@@ -21,6 +21,7 @@ def test_every_shipped_family_loads_with_its_loop_and_format():
         "qwen-code-like": ("function_call", "react"),
         "react-python": ("fenced_code", "react"),
         "react-python-skill": ("fenced_code", "react"),
+        "react-python-skill-file": ("fenced_code", "react"),
         "swe-agent-like": ("function_call", "react"),
         "talkmesh": ("final_answer", "talkmesh"),
         "web-react": ("xml_tags", "react"),

@@ -83,19 +83,50 @@ def test_residualized_cross_removes_a_constant_harness_offset():
     assert resid.abs().max().item() < 1e-9  # equal up to float rounding; eps keeps it tiny
 
 
-def test_coverage_matched_cross_keeps_withins_count_of_nonzero_samples():
-    from tasks.train.advantages import advantages_for
+def _groups_sum_to_zero(adv, groups):
+    for g in set(groups):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        assert abs(float(adv[idx].double().sum())) < 1e-5, (g, adv[idx].tolist())
 
-    t = ["x"] * 4 + ["y"] * 4
-    h = ["A", "A", "B", "B"] * 2
-    r = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+
+def test_coverage_matched_cross_keeps_whole_groups_up_to_withins_count():
+    from tasks.train.advantages import advantages_for, coverage_matched_mask
+
+    # 6 tasks x 2 harnesses x 2 samples. Within non-zero: tasks whose (task, harness) pairs disagree.
+    t = [f"x{i}" for i in range(6) for _ in range(4)]
+    h = ["A", "A", "B", "B"] * 6
+    r = [1, 0, 0, 0,   1, 1, 0, 0,   1, 0, 1, 0,   0, 0, 0, 0,   1, 1, 1, 0,   1, 1, 0, 1]
+    r = [float(v) for v in r]
     within, _ = advantages_for(r, t, h, "within")
-    cross, _ = advantages_for(r, t, h, "cross")
-    matched, _ = advantages_for(r, t, h, "cross_coverage_matched", seed=7)
+    cross, g = advantages_for(r, t, h, "cross")
+    # by hand: within non-zero groups (x0,A) (x2,A) (x2,B) (x4,B) (x5,B) -> 10 samples; cross: x0..x5 but x3 -> 20
     n_w = int((within != 0).sum())
-    assert n_w == 2 and int((cross != 0).sum()) == 8
-    assert int((matched != 0).sum()) == n_w
-    kept = matched != 0
-    assert torch.equal(matched[kept], cross[kept])
+    assert n_w == 10 and int((cross != 0).sum()) == 20
+    for seed in range(20):
+        matched, _ = advantages_for(r, t, h, "cross_coverage_matched", seed=seed)
+        keep = coverage_matched_mask(within, cross, g, seed=seed)
+        kept_groups = {gid for gid, k in zip(g, keep.tolist()) if k}
+        # whole groups: a group is kept with every sample or dropped with every sample
+        assert all(keep[i] == (g[i] in kept_groups) for i in range(len(g)))
+        assert torch.equal(matched[keep], cross[keep]) and not matched[~keep].any()
+        # groups of 4 non-zero samples each, target 10: first fit keeps exactly 2 of them
+        assert int((matched != 0).sum()) == 8 and len(kept_groups) == 2
+        _groups_sum_to_zero(matched, g)
+    seen = {tuple(coverage_matched_mask(within, cross, g, seed=s).tolist()) for s in range(20)}
+    assert len(seen) > 1  # the seed chooses which groups
     again, _ = advantages_for(r, t, h, "cross_coverage_matched", seed=7)
-    assert torch.equal(matched, again)
+    assert torch.equal(advantages_for(r, t, h, "cross_coverage_matched", seed=7)[0], again)
+
+
+def test_coverage_matched_first_fit_fills_with_a_smaller_group_and_keeps_all_when_cross_has_less():
+    from tasks.train.advantages import coverage_matched_mask
+
+    # cross groups: a (3 non-zero), b (2 non-zero), c (all zero); within count 2
+    g = ["a", "a", "a", "b", "b", "c", "c"]
+    cross = torch.tensor([0.5, 0.5, -1.0, 0.7, -0.7, 0.0, 0.0])
+    within = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    for seed in range(10):  # whatever the order, only b fits under 2
+        assert coverage_matched_mask(within, cross, g, seed=seed).tolist() == [False] * 3 + [True] * 2 + [False] * 2
+    assert coverage_matched_mask(cross, within, g, seed=0).all()  # Cross (now 2 non-zero) <= target 5: keep all
+    with pytest.raises(ValueError, match="differ in length"):
+        coverage_matched_mask(within, cross, g[:-1], seed=0)

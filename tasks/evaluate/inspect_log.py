@@ -1,0 +1,175 @@
+"""Inspect AI eval logs of a sealed evaluation, written with inspect-ai's own types.
+
+One log per (checkpoint, evaluation harness) of the plan, ``evaluate/inspect/<checkpoint>.<harness>.eval`` (Inspect's native ``.eval`` format, :func:`inspect_ai.log.write_eval_log`), so
+``inspect view --log-dir RUN/evaluate/inspect`` and :func:`inspect_ai.log.read_eval_log` open a
+sealed run without harnessrl's code:
+
+- ``eval`` (:class:`~inspect_ai.log.EvalSpec`): task ``<run>/<harness>``, model
+  ``harnessrl/<policy model>@<checkpoint>``, ``run_id`` = the plan hash, dataset = the plan's
+  records under the harness, ``config.epochs`` = the plan's attempts, package versions and the git
+  revision; ``metadata`` holds the seal: ``plan_hash``, ``chain_head`` (the last sealed row's
+  ``seal_hash``), the checkpoint's ``adapter_sha256``, the harness's ``harness_id`` and whether it
+  is held out.
+- one :class:`~inspect_ai.log.EvalSample` per planned attempt, by its final outcome
+  (:func:`tasks.evaluate.stats.final_attempts`): ``id`` = task_id, ``epoch`` = attempt + 1,
+  ``messages`` = the harness's system prompt, the task instruction, then each turn's completion and
+  the observation the engine sent back; ``output`` = the final answer; ``scores`` ``resolved``
+  ("C"/"I", Inspect's correct/incorrect) and ``reward`` for a graded attempt (a timeout is a graded
+  failure), none and ``error`` set for a final ``infra_error``; ``metadata`` = the sealed row's
+  ``eval_id``, ``seq``, ``seal_hash``, ``prev_hash``, ``status``, ``retry`` (and the eval_ids it
+  replaced), ``seed``, ``num_turns``, ``output_tokens``. ``target`` is empty: the verifier's
+  reference never leaves the sealed task.
+- ``results``: the cell's pass@1 and pass@K from ``eval_cells`` as the ``resolved`` scorer's metrics
+  (none when the cell does not count), and ``accuracy`` = resolved / graded samples.
+
+Timestamps (``eval.created``, ``stats``) are the time of writing: the logs are the one evaluate
+output that is not byte-identical across re-runs; every sealed value in them is
+(:func:`tasks.evaluate.exports.check_inspect_logs` compares them with the rows).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from schemas import ArtifactStore
+from schemas.store import code_version, package_versions
+from tasks.evaluate.stats import GRADED, final_attempts
+
+INSPECT_DIR = "evaluate/inspect"
+SCORER = "harnessrl_verifier"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", name)
+
+
+def log_path(checkpoint: str, harness: str) -> str:
+    """The run-relative path of the Inspect log of (checkpoint, harness)."""
+    return f"{INSPECT_DIR}/{_safe(f'{checkpoint}.{harness}')}.eval"
+
+
+def _messages(eval_id: str, system: str, instruction: str, turns: list[dict[str, Any]]) -> list[Any]:
+    """The attempt as chat messages; ids ``<eval_id>-m<i>`` (Inspect would draw random ones)."""
+    from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
+
+    out: list[Any] = [ChatMessageSystem(content=system), ChatMessageUser(content=instruction)]
+    for t in sorted(turns, key=lambda t: t["turn_idx"]):
+        out.append(ChatMessageAssistant(content=t["completion_text"] or "", model=None))
+        if t.get("observation"):
+            out.append(ChatMessageUser(content=t["observation"]))
+    for i, m in enumerate(out):
+        m.id = f"{eval_id[:16]}-m{i}"
+    return out
+
+
+def _output(model: str, row: dict[str, Any]) -> Any:
+    from inspect_ai.model import ModelOutput
+
+    out = ModelOutput.from_content(model, row["final_answer"] or "")
+    out.choices[0].message.id = f"{row['eval_id'][:16]}-out"
+    return out
+
+
+def inspect_logs(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
+                 cells: list[dict[str, Any]], turns: list[dict[str, Any]], tasks: dict[str, dict[str, Any]],
+                 systems: dict[str, str]) -> dict[str, Any]:
+    """The Inspect logs of a sealed evaluation (see the module docstring), ``{run-relative path:
+    inspect_ai.log.EvalLog}`` in plan order (checkpoint-major).
+
+    Args:
+        rows: the sealed ``evaluations`` rows (chain order).
+        cells: the ``eval_cells`` rows (for the cell metrics).
+        turns: the attempts' ``turns`` rows (episode_id = eval_id).
+        tasks: task_id -> ``tasks`` row (``instruction``).
+        systems: harness name -> the rendered system prompt of that harness.
+    """
+    from inspect_ai.log import (EvalConfig, EvalDataset, EvalError, EvalLog, EvalMetric, EvalResults, EvalRevision,
+                                EvalSample, EvalScore, EvalSpec, EvalStats)
+    from inspect_ai.scorer import Score
+
+    now = datetime.now(timezone.utc).isoformat()
+    head = rows[-1]["seal_hash"] if rows else p_hash
+    by_ep: dict[str, list[dict[str, Any]]] = {}
+    for t in turns:
+        by_ep.setdefault(t["episode_id"], []).append(t)
+    finals = final_attempts(rows)
+    replaced: dict[str, list[str]] = {}
+    for r in rows:
+        if r["retry"]:
+            replaced.setdefault(r["eval_id"], []).append(r["retry_of"])
+    cell = {(c["checkpoint"], c["harness_name"]): c for c in cells if c["kind"] == "cell"}
+    held = set(plan.get("held_out", []))
+    rev = code_version()
+    revision = EvalRevision(type="git", origin="", commit=rev["git_sha"], dirty=rev["dirty"]) if rev["git_sha"] else None
+    packages = {k: v for k, v in package_versions().items() if v}
+    out: dict[str, Any] = {}
+    for ck in plan["checkpoints"]:
+        for h in plan["harnesses"]:
+            recs = [p for p in plan["records"] if p["harness_name"] == h]
+            model = f"harnessrl/{plan['policy']['model']}@{ck['name']}"
+            samples = []
+            for key in sorted((k for k in finals if k[0] == ck["name"] and k[1] == h),
+                              key=lambda k: (finals[k]["task_id"], k[3])):
+                r = finals[key]
+                graded = r["status"] in GRADED
+                samples.append(EvalSample(
+                    id=r["task_id"], epoch=r["attempt"] + 1, input=tasks[r["task_id"]]["instruction"], target="",
+                    messages=_messages(r["eval_id"], systems[h], tasks[r["task_id"]]["instruction"], by_ep.get(r["eval_id"], [])),
+                    output=_output(model, r),
+                    scores={"resolved": Score(value="C" if r["resolved"] else "I", answer=r["final_answer"] or "",
+                                              metadata={"status": r["status"]}),
+                            "reward": Score(value=float(r["reward"]))} if graded else None,
+                    error=None if graded else EvalError(message=f"infrastructure error (sealed row {r['seq']}, not "
+                                                                "graded: left out of every denominator)",
+                                                        traceback="", traceback_ansi=""),
+                    metadata={"eval_id": r["eval_id"], "record_id": r["record_id"], "seq": r["seq"],
+                              "seal_hash": r["seal_hash"], "prev_hash": r["prev_hash"], "status": r["status"],
+                              "retry": r["retry"], "replaces": replaced.get(r["eval_id"], []), "seed": r["seed"],
+                              "num_turns": r["num_turns"], "output_tokens": r["output_tokens"]},
+                ))
+            c = cell.get((ck["name"], h), {})
+            n_graded = sum(1 for s in samples if s.scores)
+            metrics = {"accuracy": EvalMetric(name="accuracy", value=(
+                sum(1 for s in samples if s.scores and s.scores["resolved"].value == "C") / n_graded) if n_graded else 0.0)}
+            for name in ("pass_at_1", "pass_at_k"):
+                if c.get(name) is not None:
+                    metrics[name] = EvalMetric(name=name, value=float(c[name]))
+            log = EvalLog(
+                version=2, status="success",
+                eval=EvalSpec(
+                    eval_id=p_hash[:16] + "-" + _safe(f"{ck['name']}.{h}"), run_id=p_hash, created=now,
+                    task=f"{run_name}/{h}", task_id=_safe(f"{run_name}.{h}"),
+                    dataset=EvalDataset(name=run_name, samples=len(recs), sample_ids=sorted(p["task_id"] for p in recs)),
+                    model=model, config=EvalConfig(epochs=int(plan["attempts"])), revision=revision, packages=packages,
+                    metadata={"plan_hash": p_hash, "chain_head": head, "checkpoint": ck["name"],
+                              "adapter_sha256": ck["adapter_sha256"], "harness_name": h,
+                              "harness_id": recs[0]["harness_id"] if recs else "", "held_out": h in held,
+                              "sealed_rows": len(rows)},
+                ),
+                results=EvalResults(total_samples=len(samples), completed_samples=n_graded, scores=[
+                    EvalScore(name="resolved", scorer=SCORER, scored_samples=n_graded,
+                              unscored_samples=len(samples) - n_graded, metrics=metrics,
+                              metadata={"counted": bool(c.get("counted")), "graded_fraction": c.get("graded_fraction"),
+                                        "k": c.get("k")})]),
+                stats=EvalStats(started_at=now, completed_at=now),
+                samples=samples,
+            )
+            out[log_path(ck["name"], h)] = log
+    return out
+
+
+def write_inspect_logs(store: ArtifactStore, logs: dict[str, Any]) -> list[str]:
+    """Write each log with :func:`inspect_ai.log.write_eval_log` to a local temporary file, then
+    atomically into the run folder (:meth:`schemas.ArtifactStore.write_bytes`). Returns the paths."""
+    from inspect_ai.log import write_eval_log
+
+    with tempfile.TemporaryDirectory(prefix="harnessrl-inspect-") as tmp:
+        for rel, log in logs.items():
+            local = Path(tmp) / Path(rel).name
+            write_eval_log(log, str(local), format="eval")
+            store.write_bytes(rel, local.read_bytes())
+    return list(logs)
