@@ -67,7 +67,7 @@ def plan_groups(rewards: Sequence[float], task_ids: Sequence[str], harness_ids: 
     elif grouping == "cross_coverage_matched":
         cross = group_advantages(r, gids, scale=scale)
         within = group_advantages(r, group_ids(task_ids, harness_ids, "within"), scale=scale)
-        keep = coverage_matched_mask(within, cross, seed=seed)
+        keep = coverage_matched_mask(within, cross, gids, seed=seed)
     index: dict[str, list[int]] = {}
     for i, g in enumerate(gids):
         index.setdefault(g, []).append(i)
