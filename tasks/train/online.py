@@ -37,14 +37,14 @@ class SyncError(RuntimeError):
 
 
 def probe_sequence(tokenizer: Any) -> TrainSequence:
-    """The canary probe as a training sequence: the chat-formatted :data:`PROBE_QUESTION` (mask 0)
-    and :data:`PROBE_ANSWER` (mask 1, the scored tokens), sampling key (1.0, 0, 1.0)."""
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_QUESTION}], tokenize=True,
-                                           add_generation_prompt=True)
-    if isinstance(prompt, dict):  # transformers 5 returns a BatchEncoding
-        prompt = prompt["input_ids"]
+    """The canary probe as a training sequence: the chat-formatted :data:`PROBE_QUESTION` (the
+    harness engine's own prompt format, mask 0) and :data:`PROBE_ANSWER` (mask 1, the scored
+    tokens), sampling key (1.0, 0, 1.0)."""
+    from tasks.rollout.policy import ChatFormat
+
+    prompt = ChatFormat(tokenizer).initial("You are a careful assistant.", PROBE_QUESTION)
     answer = tokenizer.encode(PROBE_ANSWER, add_special_tokens=False)
-    ids = list(prompt) + answer
+    ids = prompt + answer
     return TrainSequence("sync-probe", ids, [0] * len(prompt) + [1] * len(answer), [0.0] * len(ids), 0.0, "probe",
                          "probe", "probe", (1.0, 0, 1.0))
 
