@@ -18,7 +18,7 @@ from tasks.yamlfile import describe, load_mapping
 
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
 # Fields that say how a stage runs, never what it writes: left out of section hashes (cache keys).
-EXECUTION_ONLY = {"rollout": {"task_runner", "workers"}}
+EXECUTION_ONLY = {"rollout": {"task_runner", "workers", "dask_address", "ray_address"}}
 # Optional top-level sections left out of section hashes when absent, so adding one to a stage's
 # sections keeps the cache keys of configs without it.
 OPTIONAL_SECTIONS = {"arms", "sweep", "quick"}
@@ -214,14 +214,27 @@ class RolloutConfig(_Strict):
     Fan-out (also used by evaluation and online sampling; see ``tasks/rollout/fanout.py``):
     episodes are cut into shards of whole records, ``shard_size`` episodes at most (None: one shard
     per harness), run on ``task_runner`` (``serial`` in this thread, ``thread`` Prefect thread pool,
-    ``dask`` a local Dask cluster of worker processes) with ``workers`` threads or processes.
-    ``task_runner`` and ``workers`` never change the rows, so they are left out of the cache key.
+    ``dask`` Dask worker processes, ``ray`` Ray tasks) with ``workers`` threads or processes.
+    ``dask_address`` (``tcp://host:port``) names an existing Dask scheduler and ``ray_address``
+    (``host:port`` of a Ray head, or ``ray://host:port``) an existing Ray cluster; unset, the
+    runner starts a local one of ``workers`` processes for the call. The runner, its address and
+    ``workers`` never change the rows, so they are left out of the cache key.
     """
 
     samples_per_task: int = Field(default=4, ge=1)
-    task_runner: Literal["serial", "thread", "dask"] = "thread"
+    task_runner: Literal["serial", "thread", "dask", "ray"] = "thread"
     workers: int = Field(default=2, ge=1, le=64)
     shard_size: int | None = Field(default=None, ge=1)
+    dask_address: str | None = Field(default=None, pattern=r"^(tcp|tls|ucx|inproc)://\S+$")
+    ray_address: str | None = Field(default=None, pattern=r"^(ray://\S+|auto|[A-Za-z0-9_.\[\]:-]+:\d+)$")
+
+    @model_validator(mode="after")
+    def _address_of_its_runner(self) -> "RolloutConfig":
+        for key, runner in (("dask_address", "dask"), ("ray_address", "ray")):
+            if getattr(self, key) is not None and self.task_runner != runner:
+                raise ValueError(f"rollout.{key}={getattr(self, key)!r} is only used by task_runner {runner!r}, not "
+                                 f"{self.task_runner!r}")
+        return self
 
 
 class LoraConfig(_Strict):
@@ -555,8 +568,9 @@ class RunConfig(_Strict):
                 raise ValueError(f"sweep: arm name {arm!r} (arm + swept values) is not a valid checkpoint name; sweep "
                                  "values must be numbers or simple words")
             where = "train" if self.arms is None and self.sweep is None else f"arms[{arm!r}].train"
-            if tc.mode == "online" and self.rollout.task_runner == "dask":
-                raise ValueError(f"rollout.task_runner='dask' with {where}.mode='online': online sampling uses the "
+            if tc.mode == "online" and self.rollout.task_runner in ("dask", "ray"):
+                raise ValueError(f"rollout.task_runner={self.rollout.task_runner!r} with {where}.mode='online': online "
+                                 "sampling uses the "
                                  "trainer's in-memory policy, which worker processes cannot load; use task_runner "
                                  "'thread' or 'serial'")
         from tasks.harnesses.spec import HarnessError, load_harness

@@ -12,7 +12,9 @@ episode still running; their tool calls then run concurrently (each in its own s
 
 Token accounting: each turn's prompt is the previous turn's prompt + completion + the observation
 ids, never re-tokenised; an episode whose prompt would not extend its previous one exactly raises
-(it would be unusable for training). Observation tokens are outside every completion, so the
+(it would be unusable for training). A turn row stores only what its prompt adds (the first turn:
+the whole prompt; later turns: the observation and chat-format tokens), so an episode's storage
+grows linearly with its context; :func:`tasks.rollout.turns.episode_prompts` rebuilds the prompts. Observation tokens are outside every completion, so the
 trainer's loss mask gives them 0. ``read_spans`` record which system, skill, instruction, file,
 page or tool-output text entered the context at which turn and at which token positions.
 """
@@ -36,6 +38,7 @@ from tasks.rollout.browser import BrowserError
 from tasks.rollout.policy import ChatFormat, Generation
 from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
 from tasks.rollout.sandbox.base import SandboxPathError
+from tasks.rollout.turns import first_turn, next_turn
 
 
 log = logging.getLogger("harnessrl.harness")
@@ -114,6 +117,10 @@ class _Episode:
     job: EpisodeJob
     env: EpisodeEnv
     prompt: list[int] = field(default_factory=list)
+    # what the next turn row stores of its prompt (tasks.rollout.turns): the whole first prompt,
+    # then each turn's continuation (observation and chat-format tokens)
+    prompt_cols: dict[str, Any] = field(default_factory=dict)
+    input_tokens: int = 0
     spans0: list[dict[str, Any]] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     answer: str | None = None
@@ -158,6 +165,7 @@ def _start(ep: _Episode, spec: HarnessSpec, chat: ChatFormat, tok: Any) -> None:
                   file_list="\n".join(sorted(files)) or "(empty)", page=page)
     system = spec.render_system()
     ep.prompt = chat.initial(system, user)
+    ep.prompt_cols = first_turn(ep.prompt)
 
     def span(source: str, text: str, **extra: Any) -> dict[str, Any]:
         return {"source": source, "turn": 0, "tokens": len(tok.encode(text, add_special_tokens=False)),
@@ -316,10 +324,11 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
             results = list(pool.map(lambda eg: _step(eg[0], spec, eg[1], turn, sandbox_cfg), zip(active, gens)))
             for e, g, (observation, obs_spans, action) in zip(active, gens, results):
                 spans = list(e.spans0) if turn == 0 else []
+                e.input_tokens += len(e.prompt)
                 row = {
                     "episode_id": e.job.episode_id,
                     "turn_idx": turn,
-                    "prompt_token_ids": list(e.prompt),
+                    **e.prompt_cols,
                     "completion_token_ids": g.token_ids,
                     "completion_logprobs": g.logprobs,
                     "loss_mask": [1] * len(g.token_ids),
@@ -347,6 +356,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                         row["action"] = canonical_json(action)
                     else:
                         e.prompt = new_prompt
+                        e.prompt_cols = next_turn(cont)
                 row["read_spans"] = canonical_json(spans)
 
         def finish(e: _Episode) -> dict[str, Any]:
@@ -368,7 +378,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 "success": e.status == "ok" and reward >= 1.0,
                 "status": e.status,
                 "num_turns": len(e.turns),
-                "input_tokens": sum(len(t["prompt_token_ids"]) for t in e.turns),
+                "input_tokens": e.input_tokens,
                 "output_tokens": sum(len(t["completion_token_ids"]) for t in e.turns),
                 "final_answer": e.answer,
                 "error": e.error,
