@@ -115,18 +115,38 @@ class VLLMEngineConfig(_Strict):
 class OpenAIEngineConfig(_Strict):
     """The ``openai`` engine: an OpenAI-compatible completions server (e.g. ``vllm serve``
     started with ``--logprobs-mode processed_logprobs --generation-config vllm``) at ``base_url``
-    (``http(s)://host:port/v1``) serving ``model``. The API key is read from the environment
-    variable named ``api_key_env`` (none: the placeholder ``EMPTY``). ``timeout_s`` (seconds) bounds
-    one request, ``max_retries`` is the client's retry count, ``max_concurrency`` the number of
-    requests in flight (one request per prompt, each with its own seed).
+    (``http(s)://host:port/v1``) serving ``model``, or several servers of the same model at
+    ``base_urls`` (one of the two): requests are spread over them in turn, and a server that stops
+    answering is taken out of rotation (logged with the reason). The API key is read from the
+    environment variable named ``api_key_env`` (none: the placeholder ``EMPTY``). ``timeout_s``
+    (seconds) bounds one request, ``max_retries`` is the client's retry count on one server,
+    ``max_concurrency`` the number of requests in flight (one request per prompt, each with its own
+    seed) over all servers.
     """
 
-    base_url: str = Field(pattern=r"^https?://")
+    base_url: str | None = Field(default=None, pattern=r"^https?://")
+    base_urls: list[str] | None = None
     model: str = Field(min_length=1)
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     timeout_s: float = Field(default=300.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
     max_concurrency: int = Field(default=8, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _one_way_to_name_servers(self) -> "OpenAIEngineConfig":
+        if (self.base_url is None) == (self.base_urls is None):
+            raise ValueError("policy.openai: give base_url (one server) or base_urls (several), not "
+                             + ("both" if self.base_url else "neither"))
+        for u in self.base_urls or []:
+            if not re.match(r"^https?://", u):
+                raise ValueError(f"policy.openai.base_urls: {u!r} is not an http(s):// URL")
+        if self.base_urls is not None and (not self.base_urls or len(set(self.base_urls)) != len(self.base_urls)):
+            raise ValueError(f"policy.openai.base_urls={self.base_urls!r}: needs one or more distinct URLs")
+        return self
+
+    def urls(self) -> list[str]:
+        """The servers: ``base_urls``, or ``[base_url]``."""
+        return list(self.base_urls) if self.base_urls is not None else [str(self.base_url)]
 
 
 class PolicyConfig(_Strict):

@@ -16,8 +16,6 @@ from typing import Any
 from tasks.hashing import canonical_json, seed_from, sha256_json
 from tasks.rollout.turns import first_turn, next_turn
 
-_POOL = 1 << 16  # token ids are drawn from a fixed pseudo-random pool of this many ids
-
 
 @dataclass
 class ScriptedRunner:
@@ -33,7 +31,8 @@ class ScriptedRunner:
     ``context_tokens`` tokens: a first prompt of a quarter of them, then T completions and T - 1
     observations of equal share (turns 0..T-2 call a ``bash`` tool, the last one answers), stored as
     the rollout engine stores turns (each turn's added prompt tokens, :mod:`tasks.rollout.turns`);
-    token ids are pseudo-random, distinct per episode.
+    token ids are drawn with ``numpy.random.default_rng(episode seed)`` (distinct per episode, so
+    the Parquet file is as hard to compress as real tokens).
 
     Chunks of ``chunk_records`` records (x ``samples``) are yielded; ``calls`` records ``(tag,
     n_records, samples)`` of every call and ``seconds`` the time spent producing rows (not the
@@ -59,7 +58,6 @@ class ScriptedRunner:
         if self.turns > 1 and per < 1:
             raise ValueError(f"ScriptedRunner: context_tokens={self.context_tokens} too small for {self.turns} turns")
         self._first, self._per = first, per
-        self._pool: list[int] | None = None
 
     def __call__(self, policy: Any, cfg: Any, specs: dict, tasks: dict, records: list[dict[str, Any]], samples: int,
                  seed: int, tag: str) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
@@ -105,23 +103,21 @@ class ScriptedRunner:
     def _agentic(self, eid: str, s: int, answer: str) -> tuple[list[dict[str, Any]], int]:
         """One episode of ``turns`` turns (class docstring); returns its rows and its input
         tokens (the sum of its full prompt lengths)."""
-        if self._pool is None:
-            import numpy as np
+        import numpy as np
 
-            self._pool = np.random.default_rng(self.seed).integers(5, 50_000, size=2 * _POOL, dtype=np.int32).tolist()
-        pool, per, off = self._pool, self._per, s % _POOL
-        ids = lambda n: pool[off:off + n]  # noqa: E731 - consecutive slices, distinct per episode
-        rows, prompt_len, in_tok = [], 0, 0
+        per = self._per
+        ids = np.random.default_rng(s).integers(5, 50_000, size=self._first + (2 * self.turns - 1) * per,
+                                                 dtype=np.int32).tolist()
+        rows, pos, prompt_len, in_tok = [], 0, 0, 0
         for t in range(self.turns):
-            added = ids(self._first) if t == 0 else ids(per)
-            off = (off + len(added) + 7919) % _POOL
-            comp = ids(per)
-            off = (off + per + 104_729) % _POOL
+            n = self._first if t == 0 else per
+            added, comp = ids[pos:pos + n], ids[pos + n:pos + n + per]
+            pos += n + per
             last = t == self.turns - 1
             action = ({"calls": [], "answer": answer, "error": None} if last else
                       {"calls": [{"tool": "bash", "impl": "bash", "args": {"command": f"step {t}"}}], "answer": None,
                        "error": None})
-            prompt_len += len(added) + (per if t else 0)
+            prompt_len += n + (per if t else 0)
             in_tok += prompt_len
             rows.append({"episode_id": eid, "turn_idx": t, **(next_turn(added) if t else first_turn(added)),
                          "completion_token_ids": comp, "completion_logprobs": [-0.5] * per, "loss_mask": [1] * per,

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from schemas.faults import fault_point
 from tasks.config import SandboxConfig
 from tasks.harnesses.actions import ParsedReply, fallback_answer, last_code_block, parse_reply
 from tasks.harnesses.spec import HarnessSpec, SamplingSpec, render
@@ -321,6 +322,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 break
             turn_seed = seed_from(seed, spec.harness_id, turn, [e.job.episode_id for e in active])
             gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
+            fault_point(f"rollout:{spec.name}:turn:{turn}")  # crash tests: a worker dying mid-shard
             results = list(pool.map(lambda eg: _step(eg[0], spec, eg[1], turn, sandbox_cfg), zip(active, gens)))
             for e, g, (observation, obs_spans, action) in zip(active, gens, results):
                 spans = list(e.spans0) if turn == 0 else []
