@@ -310,7 +310,10 @@ def _task_runner(rc: RolloutConfig) -> Any:
                               cluster_kwargs={"n_workers": rc.workers, "threads_per_worker": 1, "processes": True,
                                               "dashboard_address": ":0", "silence_logs": logging.WARNING})
     if rc.task_runner == "ray":
-        from prefect_ray import RayTaskRunner
+        try:
+            from prefect_ray import RayTaskRunner
+        except ImportError:
+            raise ValueError("rollout.task_runner='ray' needs prefect-ray and ray: pip install -e '.[ray]'") from None
 
         if rc.ray_address is not None:
             return RayTaskRunner(address=rc.ray_address, init_kwargs={"log_to_driver": False})
