@@ -30,8 +30,8 @@ def _cfg(model_dir, **rollout):
                     "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
         "split": {"test_fraction": 0.5}, "harnesses": ["direct", "react-python"],
         "policy": {"model": str(model_dir), "torch_threads": 1, "rollout_dtype": "float32"},
-        "rollout": {"samples_per_task": 2, "shard_size": 2, **rollout},
-        "evaluate": {"attempts": 2, "bootstrap_resamples": 100}, "analyze": {"ceiling_k": 2},
+        "rollout": {"samples_per_task": 1, "shard_size": 1, **rollout},
+        "evaluate": {"attempts": 1, "bootstrap_resamples": 100}, "analyze": {"ceiling_k": 1},
     })
 
 
