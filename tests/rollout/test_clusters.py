@@ -6,6 +6,7 @@ a shard (``HARNESSRL_FAULT``, once): the engine (the Dask scheduler, Ray's task 
 shard again on a live worker."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def _killed(marker: Path) -> int:
 
 def test_existing_dask_cluster_matches_serial_after_a_killed_worker(tiny_model_dir, tmp_path, serial,
                                                                       prefect_harness):
-    require("the dask command line", None if (Path(os.sys.executable).parent / "dask").exists()
+    require("the dask command line", None if (Path(sys.executable).parent / "dask").exists()
             else "the 'dask' script is missing from the venv (pip install distributed)")
     from tests.clusters import start_dask
 
@@ -95,7 +96,7 @@ def test_existing_dask_cluster_matches_serial_after_a_killed_worker(tiny_model_d
 
 def test_existing_ray_cluster_matches_serial_after_a_killed_worker(tiny_model_dir, tmp_path, serial,
                                                                      prefect_harness):
-    require("ray", None if (Path(os.sys.executable).parent / "ray").exists()
+    require("ray", None if (Path(sys.executable).parent / "ray").exists()
             else "ray is not installed (pip install -e '.[ray]')")
     from tests.clusters import start_ray
 
