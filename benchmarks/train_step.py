@@ -58,7 +58,7 @@ def peak_rss_mb() -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-def side_ours(model_dir: str, iters: int, autocast: str) -> dict:
+def side_ours(model_dir: str, iters: int, autocast: str, micro: int = 32) -> dict:
     import torch
 
     from tasks.config import RunConfig
@@ -71,7 +71,7 @@ def side_ours(model_dir: str, iters: int, autocast: str) -> dict:
     cfg = RunConfig.model_validate({
         "name": "bench", "suites": [{"name": "basic_arithmetic", "size": 1}], "harnesses": ["direct"],
         "policy": {"model": model_dir, "batch_size": N_PROMPTS * GROUP, "autocast_dtype": autocast},
-        "train": {"mode": "online", "steps": iters, "lr": LR, "micro_batch_size": 32, "clip_low": 0.2, "clip_high": 0.2,
+        "train": {"mode": "online", "steps": iters, "lr": LR, "micro_batch_size": micro, "clip_low": 0.2, "clip_high": 0.2,
                   "agg": "token_mean", "kl": {"beta": 0.0}, "lora": {"r": RANK, "alpha": 2 * RANK, "target_modules": TARGETS}},
     })
     trainer = Trainer(cfg, Path(model_dir), log=lambda m: None)
@@ -88,10 +88,10 @@ def side_ours(model_dir: str, iters: int, autocast: str) -> dict:
         seqs = [TrainSequence(episode_id=f"{it}-{i}", ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids),
                               behaviour_logp=[0.0] * len(p) + g.logprobs, reward=reward_of(g.text),
                               task_id=f"q{i // GROUP}", task_hash=f"q{i // GROUP}", harness_id="h",
-                              sampling_key=(1.0, 0, 1.0))
+                              sampling_key=(1.0, 0, 1.0), policy_version=trainer.version)
                 for i, (p, g) in enumerate(zip(batch_prompts, gens))]
-        batch = trainer.prepare(seqs, old_from="sampler", version=trainer.version)
-        trainer.step(batch)
+        batch = trainer.new_batch(seqs)
+        trainer.step(batch, list(range(len(seqs))))
         times.append(time.perf_counter() - t0)
         tokens.append(sum(len(g.token_ids) for g in gens))
     return {"seconds": times, "completion_tokens": tokens, "peak_rss_mb": peak_rss_mb()}
@@ -186,9 +186,9 @@ def side_loss(model_dir: str) -> dict:
     return out
 
 
-def run_side(side: str, model_dir: str, iters: int, autocast: str) -> dict:
+def run_side(side: str, model_dir: str, iters: int, autocast: str, micro: int = 32) -> dict:
     res = subprocess.run([sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--iters", str(iters),
-                          "--autocast", autocast], capture_output=True, text=True, env={**os.environ,
+                          "--autocast", autocast, "--micro", str(micro)], capture_output=True, text=True, env={**os.environ,
                           "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"})
     if res.returncode != 0:
         raise RuntimeError(f"side {side} failed:\n{res.stderr[-3000:]}")
@@ -202,9 +202,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--autocast", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--smollm2", action="store_true", help="also time our trainer on SmolLM2-135M (bf16)")
+    ap.add_argument("--micro", type=int, default=32, help="our trainer's micro-batch size (sequences per forward)")
     a = ap.parse_args()
     if a.side:
-        fn = {"ours": lambda: side_ours(a.model_dir, a.iters, a.autocast),
+        fn = {"ours": lambda: side_ours(a.model_dir, a.iters, a.autocast, a.micro),
               "trl": lambda: side_trl(a.model_dir, a.iters, a.autocast), "loss": lambda: side_loss(a.model_dir)}[a.side]
         print(json.dumps(fn()))
         return

@@ -17,6 +17,8 @@ import pyarrow as pa
 Expectation = tuple[Any, ...]
 
 STATUS_EPISODE = ["ok", "infra_error", "timeout"]
+# tasks.rollout.harness.STOP_REASONS (schemas import nothing from tasks)
+STOP_REASONS = ["infra_error", "timeout", "max_tokens", "format_error", "max_turns", "submitted"]
 STATUS_EVAL = ["resolved", "unresolved", "infra_error", "timeout"]
 SPLITS = ["train", "test"]
 
@@ -120,7 +122,7 @@ RECORDS = _register(
 EPISODES = _register(
     Contract(
         "episodes",
-        1,
+        2,
         _s(
             ("episode_id", pa.string()),
             ("record_id", pa.string()),
@@ -137,6 +139,7 @@ EPISODES = _register(
             ("reward", pa.float64()),
             ("success", pa.bool_()),
             ("status", pa.string()),
+            ("stop_reason", pa.string()),
             ("num_turns", pa.int32()),
             ("input_tokens", pa.int64()),
             ("output_tokens", pa.int64()),
@@ -146,10 +149,12 @@ EPISODES = _register(
             ("unique", "episode_id"),
             ("between", "reward", 0.0, 1.0),
             ("in_set", "status", STATUS_EPISODE),
+            ("in_set", "stop_reason", STOP_REASONS),
             ("between", "num_turns", 1, 1000),
             ("not_null", "group_id"),
         ],
-        "One rollout. group_id = the sampling group (task, harness); the trainer regroups by rule.",
+        "One rollout. group_id = the sampling group (task, harness); the trainer regroups by rule. stop_reason: why "
+        "it ended (tasks.rollout.harness.STOP_REASONS); a turn cut at max_new_tokens has finish_reason 'length'.",
     )
 )
 
@@ -189,27 +194,47 @@ TURNS = _register(
 TRAIN_STEPS = _register(
     Contract(
         "train_steps",
-        3,
+        4,
         _s(
             ("arm", pa.string()),
             ("step", pa.int32()),
+            ("epoch", pa.int32()),
+            ("ppo_epoch", pa.int32()),
+            ("batch_index", pa.int32()),
             ("loss", pa.float64()),
             ("policy_loss", pa.float64()),
             ("kl", pa.float64()),
+            ("kl_penalty", pa.float64()),
             ("entropy", pa.float64()),
             ("clip_frac", pa.float64()),
+            ("ratio_min", pa.float64()),
+            ("ratio_mean", pa.float64()),
+            ("ratio_max", pa.float64()),
             ("grad_norm", pa.float64()),
             ("reward_mean", pa.float64()),
             ("zero_adv_frac", pa.float64()),
             ("lr", pa.float64()),
             ("tokens", pa.int64()),
+            ("sequences", pa.int64()),
             ("policy_version_sampled", pa.int64()),
             ("staleness", pa.int64()),
+            ("logp_mismatch_mean", pa.float64()),
+            ("logp_mismatch_max", pa.float64()),
+            ("sync_max_abs_logp_diff", pa.float64()),
+            ("dropped", pa.string()),
         ),
-        [("not_null", "arm"), ("compound_unique", ("arm", "step")), ("between", "clip_frac", 0.0, 1.0), ("between", "zero_adv_frac", 0.0, 1.0),
-         ("between", "staleness", 0, 1_000_000)],
-        "One optimizer step of one training arm ('final' without arms). Wall-clock figures (seconds, tokens/s) vary run to run, so they live in the "
-        "manifest's extra.timing, not in the Parquet, which stays byte-identical for a given config and seed.",
+        [("not_null", "arm"), ("compound_unique", ("arm", "step")), ("between", "clip_frac", 0.0, 1.0),
+         ("between", "zero_adv_frac", 0.0, 1.0), ("between", "staleness", 0, 1_000_000),
+         ("between", "epoch", 0, 1_000_000), ("between", "batch_index", 0, 1_000_000)],
+        "One optimizer step of one training arm ('final' without arms) on one mini-batch of whole groups: epoch = the "
+        "pass over the frozen rollouts, or the online sampling iteration; ppo_epoch and batch_index place it in that "
+        "batch. kl = token mean of k(theta, ref) on the sequences trained (NaN without a KL term); kl_penalty = mean "
+        "beta * sum_t k subtracted from the rewards (NaN unless the KL is in the reward); ratio_* = pi_theta / pi_old "
+        "over policy tokens (sequence ratios for GSPO); logp_mismatch_* = |sampler - trainer| log-prob of the batch's "
+        "tokens at the sampling version (NaN where the trainer never held that version); sync_max_abs_logp_diff = the "
+        "weight-sync canary of the weights that sampled the batch (NaN: never synced); dropped = JSON {rule: episodes "
+        "left out of the batch}. Wall-clock figures vary run to run, so they live in the manifest (extra.timing, "
+        "extra.phases), not in the Parquet, which stays byte-identical for a given config and seed.",
     )
 )
 

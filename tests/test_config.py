@@ -13,15 +13,15 @@ def test_default_config_loads_and_hash_is_stable():
     assert a.config_hash() == b.config_hash()
     assert a.train.kl.estimator == "k1" and a.train.kl.placement == "reward"
     assert set(a.harnesses) == {"direct", "react-python"}
-    c = load_config(REPO / "configs/default.yaml", {"train.steps": 7})
-    assert c.train.steps == 7 and c.config_hash() != a.config_hash()
+    c = load_config(REPO / "configs/default.yaml", {"train.epochs": 7})
+    assert c.train.epochs == 7 and c.config_hash() != a.config_hash()
     assert c.section_hash("suites") == a.section_hash("suites")
 
 
 @pytest.mark.parametrize("text,needle", [
     ("name: x\nsuites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct]\ntrian: {}\n", "trian"),
     ("name: x\nsuites: [{name: basic_arithmetic, size: -1}]\nharnesses: [direct]\n", "suites.0.size"),
-    ("name: x\nsuites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct]\ntrain: {steps: many}\n", "train.steps"),
+    ("name: x\nsuites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct]\ntrain: {epochs: many}\n", "train.epochs"),
     ("name: x\nsuites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct]\ntrain: {algorithm: gspo, agg: token_mean}\n",
      "not defined for GSPO"),
     ("name: x\nsuites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct]\ntrain: {kl: {estimator: k4}}\n",

@@ -22,7 +22,7 @@ CASES = [
     ("unknown-nested-key", OK + "train: {stpes: 2}\n", {}, ["'train.stpes'", "Extra inputs"]),
     ("missing-required", "suites: [{name: basic_arithmetic, size: 2}]\nharnesses: [direct]\n", {},
      ["'name' is missing"]),
-    ("wrong-type", OK + "train: {steps: many}\n", {}, ["'train.steps'", "'many'", "integer"]),
+    ("wrong-type", OK + "train: {epochs: many}\n", {}, ["'train.epochs'", "'many'", "integer"]),
     ("out-of-range", OK + "sandbox: {memory_mb: 8}\n", {}, ["'sandbox.memory_mb'", "= 8", "greater than or equal"]),
     ("bad-enum", OK + "policy: {engine: tensorrt}\n", {}, ["'policy.engine'", "'tensorrt'", "'hf'"]),
     ("bad-name-pattern", OK.replace("name: x", "name: 'a b'"), {}, ["'name'", "'a b'", "pattern"]),
@@ -46,9 +46,9 @@ CASES = [
     ("openai-bad-url", OK + "policy: {engine: openai, openai: {base_url: 'ftp://h', model: m}}\n", {},
      ["'policy.openai.base_url'", "'ftp://h'"]),
     ("gspo-token-mean", OK + "train: {algorithm: gspo, agg: token_mean}\n", {}, ["train.agg='token_mean'", "GSPO"]),
-    ("online-recompute", OK + "train: {mode: online, old_logprobs: recompute}\n", {},
-     ["train.old_logprobs='recompute'", "online"]),
-    ("online-dask", OK + "train: {mode: online}\nrollout: {task_runner: dask}\n", {},
+    ("online-recompute", OK + "train: {mode: online, steps: 2, old_logprobs: recompute, max_staleness: 1}\n", {},
+     ["train.old_logprobs='recompute'", "max_staleness=1", "tis_cap"]),
+    ("online-dask", OK + "train: {mode: online, steps: 2}\nrollout: {task_runner: dask}\n", {},
      ["rollout.task_runner='dask'", "train.mode='online'"]),
     ("staleness-frozen", OK + "train: {max_staleness: 2}\n", {}, ["train.max_staleness=2", "online' only"]),
     ("dr-grpo-no-max-len", OK + "train: {agg: seq_mean_token_sum_norm}\n", {}, ["seq_mean_token_sum_norm",
@@ -65,7 +65,7 @@ CASES = [
      ["evaluate.harnesses names 'no-such-harness'", "shipped harnesses"]),
     ("miniwob-params", "name: x\nsuites: [{source: miniwob, name: basic, size: 2, params: {a: 1}}]\n"
      "harnesses: [direct]\n", {}, ["suites[].params={'a': 1}", "takes no params"]),
-    ("override-wrong-type", OK, {"train.steps": "many"}, ["'train.steps'", "'many'"]),
+    ("override-wrong-type", OK, {"train.epochs": "many"}, ["'train.epochs'", "'many'"]),
     ("override-into-scalar", OK, {"name.first": 1}, ["override name.first=1", "key 'name' is 'x', not a mapping"]),
 ]
 

@@ -48,14 +48,14 @@ def test_bad_sweeps_are_refused_naming_the_key(sweep, needle):
 def test_quick_section_and_list_index_overrides(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("name: q\nsuites:\n  - {name: basic_arithmetic, size: 20}\n  - {name: gsm_symbolic, size: 8}\n"
-                 "harnesses: [direct]\ntrain: {steps: 10}\nquick: {suites.0.size: 4, train.steps: 2}\n")
+                 "harnesses: [direct]\ntrain: {epochs: 10}\nquick: {suites.0.size: 4, train.epochs: 2}\n")
     full = load_config(p)
-    assert full.suites[0].size == 20 and full.train.steps == 10
+    assert full.suites[0].size == 20 and full.train.epochs == 10
     quick = load_config(p, quick=True)
-    assert quick.suites[0].size == 4 and quick.suites[1].size == 8 and quick.train.steps == 2
+    assert quick.suites[0].size == 4 and quick.suites[1].size == 8 and quick.train.epochs == 2
     # --set applies after --quick; a number indexes a list
-    both = load_config(p, {"suites.1.size": 3, "train.steps": 5}, quick=True)
-    assert both.suites[1].size == 3 and both.train.steps == 5 and both.suites[0].size == 4
+    both = load_config(p, {"suites.1.size": 3, "train.epochs": 5}, quick=True)
+    assert both.suites[1].size == 3 and both.train.epochs == 5 and both.suites[0].size == 4
     assert quick.config_hash() != full.config_hash()
     with pytest.raises(ConfigError, match="'suites.5' is not an index of a list of 2"):
         load_config(p, {"suites.5.size": 3})

@@ -66,7 +66,7 @@ def sequence_logprobs(model: Any, tokenizer: Any, items: Sequence[Item], *, temp
 
     Batching: items sharing a prompt are grouped; each batch runs each distinct prompt once and
     its completions from the prompt's cached keys/values
-    (:func:`tasks.train.trainer._hidden_shared_prefix`); the output projection runs only at the
+    (:func:`tasks.train.forward.hidden_shared_prefix`); the output projection runs only at the
     completion positions. Padding never changes a value (attention masks and true position ids).
 
     Args:
@@ -87,7 +87,7 @@ def sequence_logprobs(model: Any, tokenizer: Any, items: Sequence[Item], *, temp
     import torch
 
     from tasks.train.logprobs import token_logprobs
-    from tasks.train.trainer import _hidden_shared_prefix
+    from tasks.train.forward import hidden_shared_prefix
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -120,7 +120,7 @@ def sequence_logprobs(model: Any, tokenizer: Any, items: Sequence[Item], *, temp
                     # target position q predicts ids[q + 1]: completion tokens start at len(prompt)
                     sel[r, len(items[i][0]) - 1: len(s) - 1] = True
                 prefix = [len(items[i][0]) for i in idx]
-                hidden = _hidden_shared_prefix(decoder, ids.to(device), attn.to(device), sel, prefix, int(pad_id))
+                hidden = hidden_shared_prefix(decoder, ids.to(device), attn.to(device), sel, prefix, int(pad_id))
                 logits = head(hidden)  # [N, V], N = completion tokens of the batch
                 targets = ids[:, 1:][sel]
                 lp = token_logprobs(logits, targets.to(logits.device), temperature=temperature,

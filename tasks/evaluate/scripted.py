@@ -95,6 +95,7 @@ class ScriptedRunner:
                 turns += ep_turns
                 eps.append({"episode_id": eid, "record": r, "sample_idx": i, "seed": s, "policy_id": "scripted",
                             "reward": 1.0 if ok else 0.0, "success": ok, "status": "infra_error" if infra else "ok",
+                            "stop_reason": "infra_error" if infra else "submitted",
                             "num_turns": len(ep_turns), "input_tokens": in_tok,
                             "output_tokens": sum(len(t["completion_token_ids"]) for t in ep_turns),
                             "final_answer": answer})

@@ -44,6 +44,12 @@ from tasks.rollout.turns import first_turn, next_turn
 
 log = logging.getLogger("harnessrl.harness")
 
+# Why an episode ended (the ``episodes.stop_reason`` column), in order of precedence when several
+# hold on the last turn: the environment failed; the episode's wall-clock limit; the context budget
+# or the last reply cut at ``max_new_tokens`` (that turn's ``finish_reason`` is ``length``); an
+# answer-environment episode that ended with nothing to grade; out of turns; the agent ended it.
+STOP_REASONS = ("infra_error", "timeout", "max_tokens", "format_error", "max_turns", "submitted")
+
 
 class Policy(Protocol):
     tokenizer: Any
@@ -130,6 +136,18 @@ class _Episode:
     error: str = ""
     wall_s: float = 0.0
     last_text: str = ""
+    out_of_turns: bool = False
+    cut: bool = False  # the context budget ended it, or its last reply was cut at max_new_tokens
+
+    def stop_reason(self) -> str:
+        """One of :data:`STOP_REASONS` for a finished episode."""
+        if self.status in ("infra_error", "timeout"):
+            return self.status
+        if self.cut:
+            return "max_tokens"
+        if self.answer is None and self.job.task.get("environment") == "answer":
+            return "format_error"
+        return "max_turns" if self.out_of_turns else "submitted"
 
 
 def truncate(text: str, limit: int, how: str) -> str:
@@ -224,7 +242,7 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
             if submitted or parsed.answer is not None or browser_done:
                 ep.done = True
             elif turns_left == 0:
-                ep.done = True
+                ep.done = ep.out_of_turns = True
             elif outs:
                 texts = []
                 for name, out in outs:
@@ -262,6 +280,8 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
         ep.answer = parsed.answer if parsed.answer is not None else fallback_answer(spec, g.text)
     if (not ep.done and spec.limits.episode_wall_s is not None and ep.wall_s > spec.limits.episode_wall_s):
         ep.status, ep.done, observation, spans = "timeout", True, "", []
+    if ep.done and g.finish_reason == "length":
+        ep.cut = True
     return observation, spans, action
 
 
@@ -282,7 +302,8 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
 
     Returns:
         ``(episodes, turns)`` row dicts: episode fields known to the engine (episode_id, reward,
-        success, status, num_turns, input_tokens, output_tokens, final_answer, and ``error``: why
+        success, status, ``stop_reason`` (:data:`STOP_REASONS`), num_turns, input_tokens,
+        output_tokens, final_answer, and ``error``: why
         an episode ended ``infra_error`` or ``timeout``, else "") and full ``turns`` rows. The
         caller adds record and policy columns.
 
@@ -352,7 +373,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                         spans.append({**s, "turn": turn + 1, "tokens": len(cont), "start": start_pos, "end": end_pos,
                                       "sha256": sha256_text(observation)})
                     if limit is not None and len(new_prompt) + spec.sampling.max_new_tokens > limit:
-                        e.done = True
+                        e.done = e.cut = True
                         e.answer = fallback_answer(spec, g.text)
                         action["context_limit"] = True
                         row["action"] = canonical_json(action)
@@ -379,6 +400,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 "reward": reward,
                 "success": e.status == "ok" and reward >= 1.0,
                 "status": e.status,
+                "stop_reason": e.stop_reason(),
                 "num_turns": len(e.turns),
                 "input_tokens": e.input_tokens,
                 "output_tokens": sum(len(t["completion_token_ids"]) for t in e.turns),

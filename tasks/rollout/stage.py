@@ -158,7 +158,7 @@ def episode_rows(eps: list[dict[str, Any]], policy_id: str, policy_version: int)
             "task_hash": r["task_hash"], "harness_id": r["harness_id"], "harness_name": r["harness_name"],
             "split": r["split"], "policy_id": policy_id, "policy_version": policy_version, "group_id": g,
             "sample_idx": e["sample_idx"], "seed": e["seed"], "reward": e["reward"], "success": e["success"],
-            "status": e["status"], "num_turns": e["num_turns"], "input_tokens": e["input_tokens"],
+            "status": e["status"], "stop_reason": e["stop_reason"], "num_turns": e["num_turns"], "input_tokens": e["input_tokens"],
             "output_tokens": e["output_tokens"], "final_answer": e["final_answer"],
         })
     return rows

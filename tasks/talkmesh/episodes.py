@@ -311,7 +311,7 @@ def run_mesh_records(policy: Any, cfg: Any, spec: HarnessSpec, harness_id: str, 
             out = res.results[k]
             ok = bool(out["correct"])
             ep = {"episode_id": j.episode_id, "reward": 1.0 if ok else 0.0, "success": ok, "status": "ok",
-                  "num_turns": len(turns), "input_tokens": sum(prompt_lengths(turns)),
+                  "stop_reason": "submitted", "num_turns": len(turns), "input_tokens": sum(prompt_lengths(turns)),
                   "output_tokens": sum(len(t["completion_token_ids"]) for t in turns),
                   "final_answer": out["answer"], "error": "", "record": r, "sample_idx": s, "seed": j.seed,
                   "policy_id": policy.policy_id}

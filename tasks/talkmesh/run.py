@@ -9,7 +9,7 @@ the mesh against majority and confidence-weighted vote, the collusion experiment
 3. **Talk GRPO** (``train_talk``): ``talk_group`` meshes per training problem with the base talk
    policy (different talk seeds); their hints and revisions are the batch
    (:func:`tasks.talkmesh.talk.talk_sequences`), trained into a LoRA adapter by
-   :func:`tasks.train.trainer.train` under the run's ``train`` section.
+   :func:`tasks.train.loops.train` under the run's ``train`` section.
 4. **Evaluation** on the test problems: vote curves for k = 1..K; the mesh (agents = the first N
    samples) with the base talk policy and with the trained one; for each m in ``colluders``: the
    undefended and the defended mesh and majority vote over the N agents' answers, m of them
@@ -243,7 +243,8 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     train_steps: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="talkmesh-adapter-") as tmp:
         if tm.train_talk:
-            from tasks.train.trainer import normalize_adapter_config, train
+            from tasks.train.loops import train
+            from tasks.train.trainer import normalize_adapter_config
 
             seqs, talk_rows = talk_sequences(revisions, tm.talk_sampling)
             if not seqs:

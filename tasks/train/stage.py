@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
@@ -45,8 +45,9 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
             with no hint or revision to train on.
     """
     from tasks.rollout.models import model_id, resolve_model
+    from tasks.train.loops import train, train_online
     from tasks.train.sequences import build_sequences
-    from tasks.train.trainer import normalize_adapter_config, train, train_online
+    from tasks.train.trainer import normalize_adapter_config
 
     test_hashes = {t["task_hash"]: t["task_id"] for t in store.rows(inputs["tasks"]) if t["split"] == "test"}
     episodes = store.rows(inputs["episodes"])
@@ -64,20 +65,21 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
         raise ValueError(f"train: arm(s) {online_arms} train online, which is not supported with a talkmesh harness "
                          f"({sorted({e['harness_name'] for e in mesh_eps})}): use train.mode frozen")
     turns = store.rows(inputs["turns"])
-    seqs = build_sequences([e for e in episodes if e["harness_id"] not in mesh_ids], turns, sampling)
+    plain_eps = [e for e in episodes if e["harness_id"] not in mesh_ids]
+    talk_seqs: list[Any] = []
     talk_rows: list[dict[str, Any]] = []
     if mesh_eps:  # the talk policy's GRPO batch: one sequence per hint / revision (tasks.talkmesh.talk)
         talk_seqs, talk_rows = talk_train_sequences(mesh_eps, turns, specs)
         if not talk_seqs:
             raise ValueError("train: the talkmesh rollouts hold no hint or revision with a reward (no agent was below "
                              "mesh.threshold?); nothing to train the talk policy on")
-        seqs += talk_seqs
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
     base_id = model_id(model_dir)
     in_hashes = {k: v.sha256 for k, v in sorted(inputs.items())}
     multi = cfg.arms is not None
     steps: list[dict[str, Any]] = []
     timing: list[dict[str, Any]] = []
+    phases: list[dict[str, Any]] = []
     ckpts = [{"name": "base", "step": 0, "path": "", "adapter_sha256": "", "base_model_id": base_id}]
     online: list[dict] = []
     for arm, arm_train in cfg.arm_configs():
@@ -89,28 +91,41 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
             # the resumable state lives in the run folder for a local store (a rerun after a kill
             # resumes from it), in a temporary folder otherwise
             state = (Path(store.root) if store.is_local else Path(tmp)) / "train" / "state" / sub / "trainer_state.pt"
-            log.info("train: arm %s (%s, grouping %s, %d steps)", arm, arm_train.algorithm, arm_train.grouping,
-                     arm_train.steps)
+            log.info("train: arm %s (%s, %s, grouping %s)", arm, arm_train.algorithm, arm_train.mode,
+                     arm_train.grouping)
+            snapshots: list[dict[str, Any]] = []
+            snap = _snapshotter(store, arm_train, arm, sub, base_id, Path(tmp), snapshots)
             if arm_train.mode == "frozen":
-                result = train(acfg, model_dir, seqs, Path(tmp) / "adapter", log=log.info, state_path=state,
-                               resume_key=resume_key)
+                seqs, dropped = build_sequences(plain_eps, turns, sampling, drop_stop_reasons=arm_train.drop_stop_reasons,
+                                                truncated_reward=arm_train.truncated_reward)
+                result = train(acfg, model_dir, seqs + talk_seqs, Path(tmp) / "adapter", log=log.info,
+                               dropped=dropped, state_path=state, resume_key=resume_key,
+                               after_step=lambda tr, row: snap(tr))
             else:
-                sample = _online_sampler(store, acfg, inputs, specs, sampling, base_id, arm if multi else None)
-                result, arm_online = train_online(acfg, model_dir, sample, Path(tmp) / "adapter", log=log.info,
-                                                  state_path=state, resume_key=resume_key)
+                sample, release = _online_sampler(store, acfg, inputs, specs, sampling, base_id,
+                                                  arm if multi else None)
+                try:
+                    result, arm_online = train_online(acfg, model_dir, sample, Path(tmp) / "adapter", log=log.info,
+                                                      state_path=state, resume_key=resume_key,
+                                                      after_iteration=lambda tr, it: snap(tr))
+                finally:
+                    release()
                 online += arm_online
             # adapter_config.json records the absolute base-model path; keep the folder machine-independent
             normalize_adapter_config(result.adapter_dir, base_model_id=base_id)
             sha = sha256_dir(result.adapter_dir)
-            rel = f"train/checkpoints/{sub}step-{arm_train.steps}"
+            n_steps = len(result.steps)
+            rel = f"train/checkpoints/{sub}step-{n_steps}"
             store.put_dir(rel, result.adapter_dir)
         steps += [{"arm": arm, **r} for r in result.steps]
         timing += [{"arm": arm, **t} for t in result.timing]
-        ckpts.append({"name": arm, "step": arm_train.steps, "path": rel, "adapter_sha256": sha,
-                      "base_model_id": base_id})
+        phases += [{"arm": arm, **p} for p in result.phases]
+        ckpts += _snapshot_rows(store, arm_train, arm, sub, base_id, n_steps, snapshots)
+        ckpts.append({"name": arm, "step": n_steps, "path": rel, "adapter_sha256": sha, "base_model_id": base_id})
     ch = cfg.section_hash("policy", "train", "arms", "sweep", "rollout", "sandbox")
     ins = [inputs["episodes"], inputs["turns"], inputs["harnesses"], inputs["tasks"]]
-    steps_ref = store.write("train", "train_steps", steps, inputs=ins, config_hash=ch, extra={"timing": timing})
+    steps_ref = store.write("train", "train_steps", steps, inputs=ins, config_hash=ch,
+                            extra={"timing": timing, "phases": phases})
     ck_ref = store.write("train", "checkpoints", ckpts, inputs=[steps_ref, *ins], config_hash=ch)
     out = {"train_steps": steps_ref, "checkpoints": ck_ref}
     if talk_rows:
@@ -124,30 +139,118 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     return out
 
 
+def _snapshotter(store: ArtifactStore, tc: Any, arm: str, sub: str, base_id: str, tmp: Path,
+                 out: list[dict[str, Any]]) -> Callable[[Any], None]:
+    """A callback saving the trainer's adapter every ``train.save_every`` optimizer steps as the
+    checkpoint ``<arm>-step<n>`` (``train/checkpoints/<sub>step-<n>``), appending its row to
+    ``out``; a no-op without ``save_every``. A step already saved (a resumed run) is skipped."""
+    from tasks.train.trainer import normalize_adapter_config
+
+    def snap(trainer: Any) -> None:
+        n = trainer.version
+        if not tc.save_every or n % tc.save_every or any(c["step"] == n for c in out):
+            return
+        d = trainer.save_adapter(tmp / f"snapshot-{n}")
+        normalize_adapter_config(d, base_model_id=base_id)
+        rel = f"train/checkpoints/{sub}step-{n}"
+        store.put_dir(rel, d)
+        out.append({"name": f"{arm}-step{n}", "step": n, "path": rel, "adapter_sha256": sha256_dir(d),
+                    "base_model_id": base_id})
+
+    return snap
+
+
+def _snapshot_rows(store: ArtifactStore, tc: Any, arm: str, sub: str, base_id: str, total: int,
+                   saved: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``checkpoints`` rows of an arm's snapshots (every ``save_every`` steps before its last):
+    those saved by this process, and those a killed earlier run saved before this one resumed
+    (their folders are in the store; a resumed run is bit-identical, so they are the same)."""
+    if not tc.save_every:
+        return []
+    mine = {c["step"]: c for c in saved}
+    out = []
+    for n in range(tc.save_every, total, tc.save_every):
+        if n in mine:
+            out.append(mine[n])
+            continue
+        rel = f"train/checkpoints/{sub}step-{n}"
+        if not store.exists(f"{rel}/adapter_config.json"):
+            raise FileNotFoundError(f"train: the snapshot at step {n} of arm {arm!r} ({rel}) is missing from the run "
+                                    "folder; run the train stage again from scratch (--from train)")
+        with tempfile.TemporaryDirectory(prefix="harnessrl-snapshot-") as tmp:
+            sha = sha256_dir(store.get_dir(rel, Path(tmp) / "a"))
+        out.append({"name": f"{arm}-step{n}", "step": n, "path": rel, "adapter_sha256": sha, "base_model_id": base_id})
+    return out
+
+
 def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], specs: dict,
-                    sampling: dict, base_id: str, arm: str | None = None) -> Any:
-    """The ``sample`` callback of :func:`train_online`: ``rollout.samples_per_task`` episodes per
-    train record, generated by the trainer's current policy (its adapter merged into a copy in
-    ``policy.rollout_dtype``), with the version recorded in every episode. ``arm``: the training
-    arm's name, put in the policy id (``<base>+<arm>+online-v<version>``) so that episode ids,
-    content hashes that include the policy id, stay unique across arms; None (no ``arms``):
-    ``<base>+online-v<version>``."""
+                    sampling: dict, base_id: str, arm: str | None = None) -> tuple[Any, Callable[[], None]]:
+    """The sampler of :func:`tasks.train.loops.train_online` and a function that releases it.
+
+    Iteration i samples the train records of :func:`tasks.train.batches.tasks_for_iteration`'s
+    tasks, ``rollout.samples_per_task`` episodes each, with the current policy, the version
+    recorded in every episode:
+
+    - ``policy.engine: vllm``: one engine started on the base model for the whole run, the
+      trainer's merged weights loaded into it in place after each batch
+      (:class:`tasks.train.online.EngineSampler`, with the sync canary), generation on a background
+      thread so that the sampler can run ahead (``train.max_staleness``);
+    - ``policy.engine: hf``: the trainer's adapter merged into a fresh copy in
+      ``policy.rollout_dtype`` each iteration, sampled in this thread.
+
+    ``arm``: the training arm's name, put in the policy id (``<base>+<arm>+online-v<version>``) so
+    that episode ids, content hashes that include the policy id, stay unique across arms; None (no
+    ``arms``): ``<base>+online-v<version>``.
+    """
     from tasks.hashing import seed_from
-    from tasks.rollout.policy import HFPolicy
     from tasks.rollout.stage import episode_rows, run_records
+    from tasks.train.batches import tasks_for_iteration
+    from tasks.train.loops import SampledBatch
     from tasks.train.sequences import build_sequences
 
+    tc = cfg.train
     tasks = {t["task_id"]: t for t in store.rows(inputs["tasks"])}
     test = {t["task_hash"] for t in tasks.values() if t["split"] == "test"}
     records = [r for r in store.rows(inputs["records"]) if r["split"] == "train" and r["task_hash"] not in test]
 
-    def sample(trainer: Any, version: int, iteration: int) -> tuple[list, dict]:
-        pid = f"{base_id}+{arm}+online-v{version}" if arm is not None else f"{base_id}+online-v{version}"
-        policy = HFPolicy.from_model(trainer.inference_model(cfg.policy.rollout_dtype), trainer.tokenizer, cfg.policy,
-                                     policy_id=pid)
-        eps, turns = run_records(policy, cfg, specs, tasks, records, cfg.rollout.samples_per_task,
-                                 seed_from(cfg.seed, "online", iteration), f"online:{iteration}")
-        rows = episode_rows(eps, pid, version)
-        return build_sequences(rows, turns, sampling), {"episodes": rows, "turns": turns}
+    def pid(version: int) -> str:
+        return f"{base_id}+{arm}+online-v{version}" if arm is not None else f"{base_id}+online-v{version}"
 
-    return sample
+    def batch(policy: Any, iteration: int, version: int) -> SampledBatch:
+        chosen = set(tasks_for_iteration([r["task_id"] for r in records], tc.prompts_per_step, iteration,
+                                         seed_from(cfg.seed, "online-tasks")))
+        eps, turns = run_records(policy, cfg, specs, tasks, [r for r in records if r["task_id"] in chosen],
+                                 cfg.rollout.samples_per_task, seed_from(cfg.seed, "online", iteration),
+                                 f"online:{iteration}")
+        rows = episode_rows(eps, pid(version), version)
+        seqs, dropped = build_sequences(rows, turns, sampling, drop_stop_reasons=tc.drop_stop_reasons,
+                                        truncated_reward=tc.truncated_reward)
+        return SampledBatch(seqs=seqs, dropped=dropped, rows={"episodes": rows, "turns": turns})
+
+    if cfg.policy.engine == "vllm":
+        from tasks.rollout.stage import load_policy
+        from tasks.train.online import EngineSampler
+
+        engine = load_policy(cfg)
+
+        def on_engine(policy: Any, iteration: int, version: int) -> SampledBatch:
+            policy.policy_id = pid(version)  # the weights it holds now, not the base model it started with
+            return batch(policy, iteration, version)
+
+        sampler = EngineSampler(engine, on_engine, dtype=cfg.policy.rollout_dtype, tolerance=tc.sync_tolerance,
+                                log=log.info)
+
+        def release() -> None:
+            sampler.close()
+            engine.close()
+
+        return sampler, release
+
+    from tasks.rollout.policy import HFPolicy
+
+    def in_process(trainer: Any, iteration: int) -> SampledBatch:
+        policy = HFPolicy.from_model(trainer.inference_model(cfg.policy.rollout_dtype), trainer.tokenizer, cfg.policy,
+                                     policy_id=pid(trainer.version))
+        return batch(policy, iteration, trainer.version)
+
+    return in_process, lambda: None

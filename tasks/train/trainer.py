@@ -1,22 +1,28 @@
-"""The trainer: GRPO / GSPO on a LoRA adapter (transformers + peft), over frozen rollouts or online.
+"""The trainer: GRPO / GSPO on a LoRA adapter (transformers + peft), one optimizer step per
+mini-batch of whole groups.
 
-One loop, with every choice pushed into the pure functions of ``advantages``, ``kl``, ``losses``
-and ``logprobs`` and the validated :class:`tasks.config.TrainConfig`:
+Every choice is pushed into the pure functions of ``advantages``, ``batches``, ``kl``, ``losses``
+and ``logprobs`` and the validated :class:`tasks.config.TrainConfig`. A :class:`Batch` is the
+data whose old log-probs are fixed together (one frozen-mode epoch, or one online sample); each
+:meth:`Trainer.step` on a mini-batch of it:
 
-1. reference log-probs: the starting policy kept frozen (the base model for a fresh adapter, whose
-   LoRA B is 0; the starting adapter when ``init_adapter`` is given), or the base model with the
-   adapter disabled (``reference: base``);
-2. old (behaviour) log-probs: recomputed with the starting policy, or the sampler's own;
-3. KL in reward: r' = r - beta * sum_t k_t(old, ref) (detached), before advantages; when old and
-   ref are both the starting policy this term is exactly 0;
-4. group advantages under one of P4's grouping rules (:func:`advantages.advantages_for`);
-5. ``steps`` optimizer steps over the batch; micro-batches accumulate gradients with global
-   token / sequence denominators, so the gradient equals the one-big-batch gradient;
-6. KL in loss: beta * agg(k_t(theta, ref)), optionally importance-weighted (rho * k), added to
-   the policy loss;
-7. a resumable state (adapter, AdamW state, RNG, step) every ``checkpoint_every`` steps.
+1. rewards r_i (the verifier's, with cut episodes scored 0: :mod:`tasks.train.sequences`);
+2. KL in reward (P5): r'_i = r_i - beta * sum_t k_t(theta, ref), k evaluated on the *current*
+   policy's log-probs of the sampled tokens, detached, at every step (before the first update of
+   a fresh adapter theta = ref and the term is 0; from the second step on it acts). With stale
+   samples the surrogate's ratio pi_theta / pi_old importance-weights it like the task reward:
+   E_old[rho * A * grad log pi_theta] is the on-policy score-function gradient;
+3. group advantages of the mini-batch's groups (complete, so the same as over the whole batch)
+   under one of P4's grouping rules (:class:`tasks.train.batches.GroupPlan`);
+4. the clipped policy loss against the fixed old log-probs (optionally TIS-weighted), plus KL in
+   loss, beta * agg(k_t(theta, ref)), optionally importance-weighted (rho * k); micro-batches
+   accumulate with the mini-batch's global denominators, so the gradient equals the one-big-batch
+   gradient;
+5. gradient clipping, one AdamW step; the policy version is the number of steps taken.
 
-bf16 autocast for forward passes, fp32 master weights (the LoRA parameters and AdamW state).
+Memory: the frozen base weights are held in ``policy.autocast_dtype`` (bf16 by default; float32
+when autocast is off), the LoRA weights and the AdamW state in float32; forward passes under bf16
+autocast. The loops over batches are in :mod:`tasks.train.loops`.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from tasks.config import RunConfig
 from tasks.hashing import seed_from
+from tasks.train.batches import GroupPlan, plan_groups
+from tasks.train.forward import micro_batches, pad_batch, prefix_len, sequence_logprobs
 from tasks.train.sequences import TrainSequence
 
 
@@ -42,173 +50,58 @@ def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager[Any]:
     return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
 
-@dataclass
-class TrainResult:
-    """``steps``: rows of the ``train_steps`` artifact (deterministic); ``timing``: per step
-    ``{"step", "seconds", "tokens_per_s"}`` (wall clock); ``adapter_dir``: the saved adapter."""
-
-    steps: list[dict[str, Any]]
-    timing: list[dict[str, float]]
-    adapter_dir: Path
-
-
-def _batches(seqs: list[TrainSequence], micro: int) -> list[list[int]]:
-    """Micro-batches of sequence indices: one sampling setting per micro-batch, the samples of one
-    prompt together, groups ordered by length so that little padding is computed (the accumulated
-    gradient does not depend on how sequences are grouped: every micro-batch uses the global
-    denominators)."""
-    by_key: dict[tuple[float, int, float], list[int]] = {}
-    for i, s in enumerate(seqs):
-        by_key.setdefault(s.sampling_key, []).append(i)
-    out = []
-    for key in sorted(by_key):
-        # samples of one prompt side by side (their prompt is then computed once), then by length
-        first = {}
-        for i in by_key[key]:
-            first.setdefault(tuple(seqs[i].ids[: prefix_len(seqs[i])]), len(seqs[i].ids))
-        idx = sorted(by_key[key], key=lambda i: (first[tuple(seqs[i].ids[: prefix_len(seqs[i])])],
-                                                 tuple(seqs[i].ids[: prefix_len(seqs[i])]), len(seqs[i].ids), i))
-        out += [idx[j:j + micro] for j in range(0, len(idx), micro)]
-    return out
-
-
-def _pad(seqs: list[TrainSequence], idx: list[int], pad_id: int) -> tuple[Any, Any, Any, Any]:
-    import torch
-
-    width = max(len(seqs[i].ids) for i in idx)
-    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(idx), width), dtype=torch.long)
-    mask = torch.zeros((len(idx), width), dtype=torch.float32)
-    blogp = torch.zeros((len(idx), width), dtype=torch.float32)
-    for r, i in enumerate(idx):
-        s = seqs[i]
-        n = len(s.ids)
-        ids[r, :n] = torch.tensor(s.ids)
-        attn[r, :n] = 1
-        mask[r, :n] = torch.tensor(s.mask, dtype=torch.float32)
-        blogp[r, :n] = torch.tensor(s.behaviour_logp, dtype=torch.float32)
-    # position p of the targets predicts ids[p + 1]
-    return ids, attn, mask[:, 1:], blogp[:, 1:]
-
-
-def prefix_len(s: TrainSequence) -> int:
-    """Length of a sequence's first prompt: the tokens before its first policy token."""
-    return s.mask.index(1) if 1 in s.mask else len(s.ids)
-
-
-def _hidden_shared_prefix(decoder: Any, ids: Any, attn: Any, sel: Any, prefix_lens: list[int], pad_id: int) -> Any:
-    """Final hidden states ``[N, H]`` at the selected target positions, computing each distinct
-    first prompt once: the G samples of a GRPO group share their prompt, so its keys and values
-    are computed for one row and gathered for the others (the gather is differentiable, so the
-    gradient through the prompt is the same as without sharing). Prompts are left-padded,
-    completions right-padded; position ids are the true positions.
-    """
-    import torch
-
-    n = ids.shape[0]
-    lengths = attn.sum(-1).tolist()
-    uniq: dict[tuple[int, ...], int] = {}
-    j_idx = [uniq.setdefault(tuple(ids[r, : prefix_lens[r]].tolist()), len(uniq)) for r in range(n)]
-    prompts = list(uniq)
-    width = max(len(p) for p in prompts)
-    p_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    p_attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for j, p in enumerate(prompts):
-        p_ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        p_attn[j, width - len(p):] = 1
-    dev = ids.device
-    p_ids, p_attn = p_ids.to(dev), p_attn.to(dev)
-    out_p = decoder(input_ids=p_ids, attention_mask=p_attn, position_ids=(p_attn.cumsum(-1) - 1).clamp_min(0),
-                    use_cache=True)
-    j = torch.tensor(j_idx, device=dev)
-    cache = out_p.past_key_values
-    cache.batch_select_indices(j)
-    f = torch.tensor(prefix_lens, device=dev)
-    s_len = max(1, max(L - fr for L, fr in zip(lengths, prefix_lens)))
-    s_ids = torch.full((n, s_len), pad_id, dtype=torch.long, device=dev)
-    s_attn = torch.zeros((n, s_len), dtype=torch.long, device=dev)
-    for r in range(n):
-        k = lengths[r] - prefix_lens[r]
-        s_ids[r, :k] = ids[r, prefix_lens[r]: lengths[r]]
-        s_attn[r, :k] = 1
-    out_s = decoder(input_ids=s_ids, attention_mask=torch.cat([p_attn[j], s_attn], 1),
-                    position_ids=f[:, None] + torch.arange(s_len, device=dev)[None], past_key_values=cache,
-                    use_cache=True)
-    # hid[:, u] is the hidden state at full position prefix_len - 1 + u
-    hid = torch.cat([out_p.last_hidden_state[:, -1][j][:, None], out_s.last_hidden_state], 1)
-    rows, qs = sel.nonzero(as_tuple=True)
-    return hid[rows.to(dev), (qs.to(dev) - (f[rows.to(dev)] - 1))]
-
-
-def _logp(model: Any, ids: Any, attn: Any, mask: Any, key: tuple[float, int, float],
-          autocast_ctx: Callable[[], Any], with_entropy: bool = False, *, prefix_lens: list[int] | None = None,
-          pad_id: int = 0) -> tuple[Any, Any]:
-    """``[B, T-1]`` log-probs of ``ids[:, 1:]`` (and entropies), computed only where ``mask`` is 1.
-
-    The output projection (hidden -> vocabulary) and the sampler's logit processing run only at
-    the masked positions: prompt, observation and padding positions never need logits, and on
-    multi-turn episodes they are most of the sequence. With ``prefix_lens`` each distinct first
-    prompt is run once (:func:`_hidden_shared_prefix`). Zero elsewhere.
-    """
-    import torch
-
-    from tasks.train.logprobs import entropy_from_logits, token_logprobs
-
-    temperature, top_k, top_p = key
-    sel = mask.bool()  # [B, T-1]
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    with autocast_ctx():
-        if prefix_lens is None:
-            hidden = inner.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # [B, T-1, H]
-            hidden = hidden[sel.to(hidden.device)]
-        else:
-            hidden = _hidden_shared_prefix(inner.get_decoder(), ids, attn, sel, prefix_lens, pad_id)
-        logits = inner.get_output_embeddings()(hidden)  # [N, V]
-    targets = ids[:, 1:][sel.to(ids.device)]
-    lp = token_logprobs(logits, targets, temperature=temperature, top_k=top_k or None,
-                       top_p=top_p if top_p < 1.0 else None).cpu()
-    logp = torch.zeros(sel.shape, dtype=torch.float32).index_put((sel.nonzero(as_tuple=True)), lp)
-    ent = None
-    if with_entropy:
-        with torch.no_grad():
-            e = entropy_from_logits(logits.detach(), temperature=temperature).cpu()
-            ent = torch.zeros(sel.shape, dtype=torch.float32).index_put((sel.nonzero(as_tuple=True)), e)
-    return logp, ent
-
-
-def _save_state(path: Path, state: dict[str, Any]) -> None:
-    """Atomically write a resumable training state (temp file + rename)."""
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
-
-
 class TrainingInterrupted(RuntimeError):
     """Raised when ``stop_after`` steps are done (a simulated kill, for resume tests)."""
 
 
 @dataclass
-class PreparedBatch:
-    """A batch ready for optimizer steps: advantages ``[N]``, per-sequence old and reference
-    log-probs (1-D, masked), the micro-batches of sequences with signal, global denominators."""
+class Batch:
+    """Sequences whose old log-probs were fixed together, ready for optimizer steps.
+
+    Attributes:
+        seqs: the sequences; ``rewards`` float64 ``[N]`` their rewards (before any KL term).
+        plan: their groups under the arm's grouping rule.
+        old, ref: per sequence index, 1-D float32 log-probs ``[len(ids) - 1]`` of the targets
+            (0 where the mask is 0) under the old (behaviour or proximal) and the reference
+            policy; ``ref`` is empty when no KL term is configured.
+        old_version: the trainer version whose log-probs ``old`` are (recompute), or None when
+            ``old`` is the sampler's.
+        static_adv: float32 ``[N]`` advantages from the task rewards alone (what every step uses
+            when no KL is in the reward).
+        dropped: episodes left out of the batch, by rule (``build_sequences``).
+        mismatch: ``{"mean", "max"}`` of |sampler log-prob - trainer log-prob| over the batch's
+            policy tokens at the sampling version (None when the trainer was not at that version
+            when the batch was fixed; then each step measures it if it can).
+        epoch: the frozen epoch or online iteration the batch belongs to.
+        sync_diff: the sync canary's max |logp diff| of the weights that sampled it (NaN: none).
+        layout: the mini-batches of the batch's first pass (sequence indices).
+    """
 
     seqs: list[TrainSequence]
     rewards: Any
-    adv: Any
-    zero_frac: float
-    num_tokens: float
-    num_seqs: float
-    batches: list[list[int]]
+    plan: GroupPlan
     old: dict[int, Any]
     ref: dict[int, Any]
-    version: int  # policy version that sampled the batch
+    old_version: int | None
+    static_adv: Any
+    dropped: dict[str, int] = field(default_factory=dict)
+    mismatch: dict[str, float] | None = None
+    epoch: int = 0
+    sync_diff: float = float("nan")
+    layout: list[list[int]] = field(default_factory=list)
+
+
+def _stack(per_seq: dict[int, Any], idx: list[int], width: int) -> Any:
+    import torch
+
+    out = torch.zeros((len(idx), width), dtype=torch.float32)
+    for r, i in enumerate(idx):
+        out[r, : per_seq[i].numel()] = per_seq[i]
+    return out
 
 
 class Trainer:
-    """One LoRA policy, its optimizer and its reference, stepping over prepared batches.
+    """One LoRA policy, its optimizer and its reference, stepping over mini-batches.
 
     The reference policy is the starting policy kept frozen (``train.reference: initial``): the
     base model for a fresh adapter (LoRA B = 0, so the adapter-disabled model is that policy,
@@ -225,7 +118,7 @@ class Trainer:
         self.cfg, self.tc, self.log = cfg, cfg.train, log
         torch.manual_seed(seed_from(cfg.seed, "train"))
         self.device = cfg.policy.device
-        base, self.tokenizer = load_model_and_tokenizer(model_dir, self.device)
+        base, self.tokenizer = load_model_and_tokenizer(model_dir, self.device, dtype=cfg.policy.autocast_dtype)
         self.pad_id = int(self.tokenizer.pad_token_id)
         tc = self.tc
         if tc.init_adapter:
@@ -237,9 +130,13 @@ class Trainer:
             self.model = get_peft_model(base, LoraConfig(
                 r=tc.lora.r, lora_alpha=tc.lora.alpha, lora_dropout=tc.lora.dropout,
                 target_modules=list(tc.lora.target_modules), task_type="CAUSAL_LM"))
+        if tc.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref_mode = "adapter" if (tc.init_adapter and tc.reference == "initial") else "base"
         self.model.train()
         self.params = [p for n, p in self.model.named_parameters() if p.requires_grad and ".reference." not in n]
+        for p in self.params:  # LoRA weights (and so AdamW's state) in float32 whatever the base dtype
+            p.data = p.data.float()
         self.opt = torch.optim.AdamW(self.params, lr=tc.lr, weight_decay=tc.weight_decay)
         self.ac = lambda: autocast(self.device, cfg.policy.autocast_dtype)  # noqa: E731
         self.version = 0
@@ -256,26 +153,26 @@ class Trainer:
         return {"prefix_lens": [len(f) for f in firsts], "pad_id": self.pad_id}
 
     def passes(self, seqs: list[TrainSequence], indices: list[int], which: str) -> dict[int, Any]:
-        """No-grad log-probs per sequence (1-D, masked) under ``which``: ``policy`` (the current
-        adapter) or ``reference``."""
+        """No-grad log-probs per sequence (1-D ``[len(ids) - 1]``, 0 where masked) under ``which``:
+        ``policy`` (the current adapter) or ``reference``."""
         import torch
 
         out: dict[int, Any] = {}
         with torch.no_grad():
-            for idx in _batches([seqs[i] for i in indices], self.tc.micro_batch_size):
-                idx = [indices[j] for j in idx]
-                ids, attn, mask, _ = _pad(seqs, idx, self.pad_id)
+            for local in micro_batches([seqs[i] for i in indices], self.tc.micro_batch_size):
+                idx = [indices[j] for j in local]
+                ids, attn, mask, _ = pad_batch(seqs, idx, self.pad_id)
                 args = (ids.to(self.device), attn.to(self.device), mask, seqs[idx[0]].sampling_key, self.ac)
                 kw = self._prefix_kw(seqs, idx)
                 if which == "policy":
-                    lp = _logp(self.model, *args, **kw)[0]
+                    lp = sequence_logprobs(self.model, *args, **kw)[0]
                 elif self.ref_mode == "base":
                     with self.model.disable_adapter():
-                        lp = _logp(self.model, *args, **kw)[0]
+                        lp = sequence_logprobs(self.model, *args, **kw)[0]
                 else:
                     self.model.set_adapter("reference")
                     try:
-                        lp = _logp(self.model, *args, **kw)[0]
+                        lp = sequence_logprobs(self.model, *args, **kw)[0]
                     finally:
                         self.model.set_adapter("default")
                         for n, p in self.model.named_parameters():
@@ -285,109 +182,152 @@ class Trainer:
                     out[i] = lp[r, : len(seqs[i].ids) - 1]
         return out
 
-    # ---- a batch ------------------------------------------------------------------------------
-    def prepare(self, seqs: list[TrainSequence], *, old_from: str, version: int) -> PreparedBatch:
-        """Rewards (minus the in-reward KL), advantages, old and reference log-probs for ``seqs``.
+    def _ref_is_current(self) -> bool:
+        """Before the first step the current policy *is* the reference (a fresh adapter, or the
+        starting adapter kept as the reference): one pass serves both."""
+        return self.version == 0 and (self.ref_mode == "adapter" or not self.tc.init_adapter)
 
-        ``old_from``: ``recompute`` (the current policy, now) or ``sampler`` (the behaviour
-        log-probs recorded at sampling). Raises ValueError without any policy token.
+    # ---- a batch ------------------------------------------------------------------------------
+    def new_batch(self, seqs: list[TrainSequence], *, epoch: int = 0, dropped: dict[str, int] | None = None,
+                  ref_cache: dict[int, Any] | None = None, sync_diff: float = float("nan"),
+                  layout_seed: int = 0) -> Batch:
+        """Fix the old log-probs of ``seqs`` (``train.old_logprobs``: recomputed now with the
+        current policy, or the sampler's), compute the reference log-probs when a KL term is
+        configured (``ref_cache``: those of the same sequences from an earlier epoch; the
+        reference is frozen), the group plan and the task-reward advantages.
+
+        The passes run mini-batch by mini-batch in the layout of the batch's first pass
+        (``minibatches(plan.groups, batch_size, layout_seed)``, kept in ``Batch.layout``) with the
+        micro-batches :meth:`step` will use, so that the first step's log-probs are computed in
+        the same shapes and its ratio is exactly 1.
+
+        Raises:
+            ValueError: no sequences, or no policy-generated token among them.
         """
         import torch
 
-        from tasks.train.advantages import advantages_for, zero_signal_fraction
-        from tasks.train.kl import kl_estimate
+        from tasks.train.batches import minibatches
+        from tasks.train.losses import masked
 
         tc, kl_cfg = self.tc, self.tc.kl
         if not seqs:
-            raise ValueError("train: no usable episodes (all were infra errors or there were none)")
-        everyone = list(range(len(seqs)))
-        kl_in_reward = kl_cfg.beta > 0 and kl_cfg.placement in ("reward", "both")
-        kl_in_loss = kl_cfg.beta > 0 and kl_cfg.placement in ("loss", "both")
-        # Before the first step the current policy *is* the reference (fresh adapter or the
-        # starting adapter kept as reference): one pass serves both.
-        ref_is_current = self.version == 0 and (self.ref_mode == "adapter" or not self.tc.init_adapter)
-        rewards = torch.tensor([s.reward for s in seqs], dtype=torch.float64)
-        old: dict[int, Any] = {}
-        ref: dict[int, Any] = {}
-
-        def behaviour(i: int) -> Any:
-            return torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
-
-        need_ref = kl_cfg.beta > 0  # with the KL off, the reference is never evaluated (kl is reported as NaN)
-
-        def fill(indices: list[int]) -> None:
-            todo = [i for i in indices if i not in old]
-            if not todo:
-                return
-            want_cur = old_from == "recompute" or (need_ref and ref_is_current)
-            cur = self.passes(seqs, todo, "policy") if want_cur else {}
-            if need_ref:
-                ref.update({i: cur[i] for i in todo} if ref_is_current else self.passes(seqs, todo, "reference"))
-            old.update({i: cur[i] for i in todo} if old_from == "recompute" else {i: behaviour(i) for i in todo})
-
-        if kl_in_reward and not (ref_is_current and old_from == "recompute"):
-            # r' = r - beta * sum_t k_t(old, ref), detached, before advantages (P5, "in reward")
-            fill(everyone)
-            for i in everyone:
-                m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
-                rewards[i] -= kl_cfg.beta * float((kl_estimate(old[i], ref[i], kl_cfg.estimator) * m).sum())
-        # else old = ref = the current policy: k(old, ref) = 0 for every estimator, nothing to subtract
-        adv, gids = advantages_for(rewards, [s.task_id for s in seqs], [s.harness_id for s in seqs], tc.grouping,
-                                   scale=tc.advantage_scale, seed=seed_from(self.cfg.seed, "coverage", version))
-        num_tokens = float(sum(sum(s.mask[1:]) for s in seqs))
-        if num_tokens == 0:
+            raise ValueError("train: no usable episodes (all were infra errors, dropped, or there were none)")
+        if sum(sum(s.mask[1:]) for s in seqs) == 0:
             raise ValueError("train: no trainable (policy-generated) tokens in the batch")
-        # A sequence with advantage exactly 0 contributes exactly 0 to the clipped policy loss and
-        # its gradient; unless a KL term is in the loss it is skipped (it still counts in the
-        # global denominators, so the loss and gradient are those of the whole batch).
-        active = [i for i in everyone if kl_in_loss or adv[i] != 0.0]
-        fill(active)
-        batches = [[active[j] for j in b] for b in _batches([seqs[i] for i in active], tc.micro_batch_size)]
-        zero_frac = zero_signal_fraction(adv, gids)
-        self.log(f"train: {len(seqs)} sequences from policy version {version}, {len(active)} with signal, "
-                 f"{int(num_tokens)} policy tokens, {len(batches)} micro-batches, zero-advantage groups {zero_frac:.2f}")
-        return PreparedBatch(seqs=seqs, rewards=rewards, adv=adv, zero_frac=zero_frac, num_tokens=num_tokens,
-                             num_seqs=float(sum(1 for s in seqs if sum(s.mask[1:]) > 0)), batches=batches,
-                             old=old, ref=ref, version=version)
+        rewards = torch.tensor([s.reward for s in seqs], dtype=torch.float64)
+        plan = plan_groups(rewards, [s.task_id for s in seqs], [s.harness_id for s in seqs], tc.grouping,
+                           scale=tc.advantage_scale, seed=seed_from(self.cfg.seed, "coverage", epoch))
+        static = plan.advantages(rewards, range(len(seqs)))
+        layout = minibatches(plan.groups, tc.batch_size, layout_seed)
+        kl_on = kl_cfg.beta > 0
+        recompute = tc.old_source == "recompute"
+        old: dict[int, Any] = {}
+        ref: dict[int, Any] = dict(ref_cache or {})
+        for idx in layout:
+            todo = self._active(idx, static, kl_on)
+            if not todo:
+                continue
+            cur = self.passes(seqs, todo, "policy") if (recompute or (kl_on and self._ref_is_current())) else {}
+            missing = [i for i in todo if i not in ref] if kl_on else []
+            if missing:
+                ref.update({i: cur[i] for i in missing} if self._ref_is_current() else
+                           self.passes(seqs, missing, "reference"))
+            for i in todo:
+                old[i] = cur[i] if recompute else torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
+        mismatch = None
+        if recompute and old and all(seqs[i].policy_version == self.version for i in old):
+            diffs = []
+            for i in old:
+                m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
+                beh = torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
+                diffs.append(masked(old[i] - beh, m).abs()[m.bool()])
+            d = torch.cat(diffs)
+            mismatch = {"mean": float(d.mean()), "max": float(d.max())} if d.numel() else None
+        n_sig = int((static != 0).sum())
+        self.log(f"train: batch of {len(seqs)} sequences in {len(plan.groups)} groups at policy version "
+                 f"{self.version}, {n_sig} with a task-reward signal; dropped {dropped or {}}")
+        return Batch(seqs=seqs, rewards=rewards, plan=plan, old=old, ref=ref,
+                     old_version=self.version if recompute else None, static_adv=static, dropped=dict(dropped or {}),
+                     mismatch=mismatch, epoch=epoch, sync_diff=sync_diff, layout=layout)
 
-    def step(self, b: PreparedBatch) -> tuple[dict[str, Any], dict[str, float]]:
-        """One optimizer step over the whole prepared batch (micro-batches accumulate).
+    @staticmethod
+    def _active(idx: list[int], static_adv: Any, kl_on: bool) -> list[int]:
+        """The sequences of a mini-batch that need a forward pass: all of them with a KL term (in
+        the loss every token carries a KL gradient; in the reward the advantages move each step),
+        else those with a non-zero advantage (the others contribute exactly 0 to the loss and its
+        gradient; they still count in the denominators)."""
+        return [i for i in idx if kl_on or static_adv[i] != 0.0]
+
+    def advantages(self, b: Batch, idx: list[int]) -> tuple[Any, float]:
+        """The advantages ``[len(idx)]`` (float32) a step on the mini-batch ``idx`` uses now, and
+        the mean in-reward KL penalty beta * sum_t k_t (NaN without KL in the reward).
+
+        With KL in the reward (P5): r'_i = r_i - beta * sum_t k_t(theta, ref), k on the current
+        policy's log-probs of the sampled tokens, detached (a no-grad pass unless the current
+        policy is the one the old log-probs were recomputed with); else the task-reward
+        advantages fixed with the batch."""
+        import torch
+
+        from tasks.train.kl import kl_estimate
+
+        kl_cfg = self.tc.kl
+        if not (kl_cfg.beta > 0 and kl_cfg.placement in ("reward", "both")):
+            return b.static_adv[idx], float("nan")
+        seqs = b.seqs
+        cur = {i: b.old[i] for i in idx} if self.version == b.old_version else self.passes(seqs, idx, "policy")
+        pen = torch.zeros(len(idx), dtype=torch.float64)
+        for r, i in enumerate(idx):
+            m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
+            pen[r] = float(kl_estimate(cur[i], b.ref[i], kl_cfg.estimator, mask=m).sum())
+        rewards = b.rewards[idx] - kl_cfg.beta * pen
+        return b.plan.advantages(rewards, idx), float(kl_cfg.beta * pen.mean())
+
+    def step(self, b: Batch, idx: list[int], *, ppo_epoch: int = 0, batch_index: int = 0
+             ) -> tuple[dict[str, Any], dict[str, float]]:
+        """One optimizer step on the mini-batch ``idx`` (indices into ``b.seqs``, whole groups).
 
         Returns the ``train_steps`` row and its wall-clock timing. Raises FloatingPointError on a
         non-finite gradient norm."""
+        import json
+
         import torch
 
+        from tasks.train.advantages import zero_signal_fraction
         from tasks.train.kl import importance_weighted, kl_estimate
-        from tasks.train.losses import agg_loss, policy_loss
+        from tasks.train.losses import agg_loss, policy_loss, truncated_is_weights
 
         tc, kl_cfg = self.tc, self.tc.kl
         kl_in_loss = kl_cfg.beta > 0 and kl_cfg.placement in ("loss", "both")
-
-        def stack(per_seq: dict[int, Any], idx: list[int], width: int) -> Any:
-            out = torch.zeros((len(idx), width), dtype=torch.float32)
-            for r, i in enumerate(idx):
-                out[r, : per_seq[i].numel()] = per_seq[i]
-            return out
-
         t0 = time.perf_counter()
+        seqs = b.seqs
+        adv, penalty = self.advantages(b, idx)
+        adv_of = {i: adv[r] for r, i in enumerate(idx)}
+        active = self._active(idx, b.static_adv, kl_cfg.beta > 0)
+        num_tokens = float(sum(sum(seqs[i].mask[1:]) for i in idx))
+        num_seqs = float(sum(1 for i in idx if sum(seqs[i].mask[1:]) > 0))
         self.opt.zero_grad(set_to_none=True)
         tot = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0}
-        seen = 0.0
-        for idx in b.batches:
-            ids, attn, mask, _ = _pad(b.seqs, idx, self.pad_id)
-            old_lp = stack(b.old, idx, mask.shape[1])
-            ref_lp = stack(b.ref, idx, mask.shape[1]) if b.ref else None
-            logp, ent = _logp(self.model, ids.to(self.device), attn.to(self.device), mask, b.seqs[idx[0]].sampling_key,
-                              self.ac, with_entropy=True, **self._prefix_kw(b.seqs, idx))
-            pg, met = policy_loss(logp, old_lp, b.adv[idx], mask, level=self.level, clip_low=tc.clip_low,
-                                  clip_high=tc.clip_high, agg=tc.agg, max_len=tc.max_len,
-                                  num_tokens=b.num_tokens, num_seqs=b.num_seqs)
-            k = kl_estimate(logp, ref_lp, kl_cfg.estimator) * mask if ref_lp is not None else None
+        r_min, r_max, r_sum, seen = math.inf, -math.inf, 0.0, 0.0
+        mis_sum, mis_max, mis_n = 0.0, 0.0, 0
+        measure_mismatch = b.mismatch is None
+        for local in micro_batches([seqs[i] for i in active], tc.micro_batch_size):
+            mb = [active[j] for j in local]
+            ids, attn, mask, blogp = pad_batch(seqs, mb, self.pad_id)
+            old_lp = _stack(b.old, mb, mask.shape[1])
+            ref_lp = _stack(b.ref, mb, mask.shape[1]) if b.ref else None
+            logp, ent = sequence_logprobs(self.model, ids.to(self.device), attn.to(self.device), mask,
+                                          seqs[mb[0]].sampling_key, self.ac, with_entropy=True,
+                                          **self._prefix_kw(seqs, mb))
+            weights = truncated_is_weights(old_lp, blogp, mask, tc.tis_cap, self.level) if tc.tis_cap else None
+            pg, met = policy_loss(logp, old_lp, torch.stack([adv_of[i] for i in mb]), mask, level=self.level,
+                                  clip_low=tc.clip_low, clip_high=tc.clip_high, agg=tc.agg, max_len=tc.max_len,
+                                  num_tokens=num_tokens, num_seqs=num_seqs, weights=weights)
+            k = kl_estimate(logp, ref_lp, kl_cfg.estimator, mask=mask) if ref_lp is not None else None
             loss = pg
             if kl_in_loss:
                 k_loss = importance_weighted(k, logp, old_lp, mask) if kl_cfg.importance_weighted else k
                 loss = loss + kl_cfg.beta * agg_loss(k_loss, mask, tc.agg, max_len=tc.max_len,
-                                                     num_tokens=b.num_tokens, num_seqs=b.num_seqs)
+                                                     num_tokens=num_tokens, num_seqs=num_seqs)
             loss.backward()
             m_tokens = float(mask.sum())
             seen += m_tokens
@@ -396,28 +336,46 @@ class Trainer:
             tot["kl"] += float(k.detach().sum()) if k is not None else float("nan")
             tot["entropy"] += float((ent * mask).sum())
             tot["clip_frac"] += met["clip_frac"] * m_tokens
+            r_min, r_max = min(r_min, met["ratio_min"]), max(r_max, met["ratio_max"])
+            r_sum += met["ratio_mean"] * m_tokens
+            if measure_mismatch and all(seqs[i].policy_version == self.version for i in mb):
+                d = (logp.detach() - blogp).abs()[mask.bool()]
+                mis_sum, mis_n = mis_sum + float(d.sum()), mis_n + d.numel()
+                mis_max = max(mis_max, float(d.max())) if d.numel() else mis_max
         for key in ("kl", "entropy", "clip_frac"):  # token means over the sequences trained on
-            tot[key] = tot[key] / seen if seen else 0.0
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, tc.max_grad_norm)) if b.batches else 0.0
+            tot[key] = tot[key] / seen if seen else (float("nan") if key == "kl" else 0.0)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, tc.max_grad_norm)) if active else 0.0
         if not math.isfinite(grad_norm):
             raise FloatingPointError(f"train step {self.version + 1}: gradient norm is {grad_norm}")
-        if b.batches:
+        if active:
             self.opt.step()
+        sampled = min(seqs[i].policy_version for i in idx)
+        staleness = self.version - sampled  # versions the trainer is ahead of the sampler
         self.version += 1
         dt = time.perf_counter() - t0
-        staleness = self.version - 1 - b.version  # versions the trainer is ahead of the sampler
-        row = {"step": self.version, **tot, "grad_norm": grad_norm, "reward_mean": float(b.rewards.mean()),
-               "zero_adv_frac": b.zero_frac, "lr": tc.lr, "tokens": int(seen), "policy_version_sampled": b.version,
-               "staleness": staleness}
-        self.log(f"train step {self.version}/{tc.steps}: loss {tot['loss']:.4f} kl {tot['kl']:.5f} "
-                 f"clip {tot['clip_frac']:.3f} grad {grad_norm:.3f} staleness {staleness} ({dt:.1f} s)")
+        if b.mismatch is not None:
+            mismatch = b.mismatch
+        elif mis_n:
+            mismatch = {"mean": mis_sum / mis_n, "max": mis_max}
+        else:
+            mismatch = {"mean": float("nan"), "max": float("nan")}
+        gids = [b.plan.group_ids[i] for i in idx]
+        row = {"step": self.version, "epoch": b.epoch, "ppo_epoch": ppo_epoch, "batch_index": batch_index, **tot,
+               "kl_penalty": penalty, "ratio_min": r_min if seen else 1.0, "ratio_mean": r_sum / seen if seen else 1.0,
+               "ratio_max": r_max if seen else 1.0, "grad_norm": grad_norm,
+               "reward_mean": float(b.rewards[idx].mean()), "zero_adv_frac": zero_signal_fraction(adv, gids),
+               "lr": tc.lr, "tokens": int(seen), "sequences": len(idx), "policy_version_sampled": sampled,
+               "staleness": staleness, "logp_mismatch_mean": mismatch["mean"], "logp_mismatch_max": mismatch["max"],
+               "sync_max_abs_logp_diff": b.sync_diff, "dropped": json.dumps(b.dropped, sort_keys=True)}
+        self.log(f"train step {self.version} (epoch {b.epoch}, batch {batch_index}): loss {tot['loss']:.4f} "
+                 f"kl {tot['kl']:.5f} clip {tot['clip_frac']:.3f} ratio [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}] "
+                 f"grad {grad_norm:.3f} staleness {staleness} ({dt:.1f} s)")
         return row, {"step": self.version, "seconds": dt, "tokens_per_s": seen / dt if dt > 0 else 0.0}
 
     def inference_model(self, dtype: str) -> Any:
         """A plain copy of the current policy for sampling: the adapter merged into the weights
         (W + s * B A), cast to ``dtype``, in eval mode. Sampling from it skips the LoRA detour
-        of every adapted layer; the trainer's own weights are not touched. (The "weight sync" of
-        an RL system, here within one process.)"""
+        of every adapted layer; the trainer's own weights are not touched."""
         import copy
 
         import torch
@@ -428,6 +386,28 @@ class Trainer:
         merged.set_adapter("default")
         plain = merged.merge_and_unload()
         return plain.to(getattr(torch, dtype)).eval()
+
+    def merged_state(self, dtype: str) -> dict[str, Any]:
+        """The current policy's weights with the adapter merged, as a transformers state dict
+        (``{name: tensor}`` in ``dtype``, names as the base model's checkpoint has them), only for
+        the modules the adapter changes: what a weight sync sends to a sampling engine.
+
+        Merged in float32 (W + (alpha / r) B A) and cast once."""
+        import torch
+
+        out: dict[str, Any] = {}
+        scale_cache: dict[str, float] = {}
+        with torch.no_grad():
+            for name, module in self.model.named_modules():
+                if not hasattr(module, "lora_A") or "default" not in getattr(module, "lora_A", {}):
+                    continue
+                base_w = module.get_base_layer().weight
+                a, bw = module.lora_A["default"].weight, module.lora_B["default"].weight
+                s = scale_cache.setdefault(name, float(module.scaling["default"]))
+                w = base_w.float() + s * (bw.float() @ a.float())
+                key = name.split("base_model.model.", 1)[-1] + ".weight"
+                out[key] = w.to(getattr(torch, dtype)).contiguous()
+        return out
 
     # ---- state ----------------------------------------------------------------------------------
     def state(self, **extra: Any) -> dict[str, Any]:
@@ -471,105 +451,3 @@ def normalize_adapter_config(adapter_dir: Path, base_model_id: str | None = None
         conf["base_model_name_or_path"] = base_model_id
     path.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
 
-
-def _resume(state_path: Path | None, resume_key: str, log: Callable[[str], None]) -> dict[str, Any] | None:
-    import torch
-
-    if state_path is None or not state_path.is_file():
-        return None
-    st = torch.load(state_path, weights_only=False)
-    if st.get("resume_key") != resume_key:
-        return None
-    log(f"train: resuming after step {st['version']} from {state_path}")
-    return st
-
-
-def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: Path,
-          log: Callable[[str], None] = print, *, state_path: Path | None = None, resume_key: str = "",
-          stop_after: int | None = None) -> TrainResult:
-    """Frozen mode: ``cfg.train.steps`` optimizer steps over one batch of rollouts, then save the
-    adapter to ``out_dir``.
-
-    Args:
-        state_path: file for the resumable state (adapter weights, AdamW state, RNG, step, metric
-            rows), rewritten every ``train.checkpoint_every`` steps. When it holds a state with the
-            same ``resume_key``, training resumes after its step and ends bit-identical to an
-            uninterrupted run; a state that already holds all ``train.steps`` steps skips the
-            log-prob passes and only saves its adapter.
-        stop_after: raise :class:`TrainingInterrupted` after this many steps of this call.
-
-    Raises:
-        ValueError: no sequences, or no policy-generated token in the batch.
-        FloatingPointError: a non-finite gradient norm.
-    """
-    tc = cfg.train
-    trainer = Trainer(cfg, model_dir, log)
-    st = _resume(state_path, resume_key, log)
-    # a state that already holds every step needs no batch: load it and save the adapter
-    if st is None or st["version"] < tc.steps:
-        batch = trainer.prepare(seqs, old_from=tc.old_logprobs or "recompute", version=0)
-    rows: list[dict[str, Any]] = []
-    timing: list[dict[str, float]] = []
-    if st is not None:
-        trainer.load(st)
-        rows, timing = st["rows"], st["timing"]
-    done_here = 0
-    from tasks.progress import progress
-
-    with progress("train steps", tc.steps - trainer.version, "steps") as advance:
-        while trainer.version < tc.steps:
-            row, t = trainer.step(batch)
-            rows.append(row)
-            timing.append(t)
-            done_here += 1
-            advance(1)
-            if state_path is not None and (trainer.version % tc.checkpoint_every == 0 or trainer.version == tc.steps):
-                _save_state(state_path, trainer.state(resume_key=resume_key, rows=rows, timing=timing))
-            if stop_after is not None and done_here >= stop_after and trainer.version < tc.steps:
-                raise TrainingInterrupted(f"stopped after step {trainer.version} (stop_after={stop_after})")
-    return TrainResult(steps=rows, timing=timing, adapter_dir=trainer.save_adapter(out_dir))
-
-
-SampleFn = Callable[[Any, int, int], tuple[list[TrainSequence], dict[str, Any]]]
-
-
-def train_online(cfg: RunConfig, model_dir: Path, sample: SampleFn, out_dir: Path,
-                 log: Callable[[str], None] = print, *, state_path: Path | None = None,
-                 resume_key: str = "") -> tuple[TrainResult, list[dict[str, Any]]]:
-    """Online mode with bounded staleness (off-policy when ``train.max_staleness`` > 0).
-
-    Loop until ``train.steps`` optimizer steps: sample a batch with the current policy (version
-    v) through ``sample(trainer, v, iteration)``, which returns the sequences and any rows to
-    keep; take up to ``max_staleness + 1`` steps on it, so the trainer is at most S versions ahead
-    of the policy that sampled it; then sample again. Ratios use the behaviour log-probs recorded
-    at sampling; each step's staleness is in its row. S = 0 is strictly on-policy. The state is
-    saved after every batch; a resumed run continues with the next batch.
-
-    Returns ``(TrainResult, sampled)`` where ``sampled`` collects what ``sample`` returned.
-    """
-    tc = cfg.train
-    trainer = Trainer(cfg, model_dir, log)
-    rows: list[dict[str, Any]] = []
-    timing: list[dict[str, float]] = []
-    sampled: list[dict[str, Any]] = []
-    iteration = 0
-    st = _resume(state_path, resume_key, log)
-    if st is not None:
-        trainer.load(st)
-        rows, timing, sampled, iteration = st["rows"], st["timing"], st["sampled"], st["iteration"] + 1
-    while trainer.version < tc.steps:
-        v = trainer.version
-        seqs, info = sample(trainer, v, iteration)
-        sampled.append(info)
-        batch = trainer.prepare(seqs, old_from="sampler", version=v)
-        for _ in range(tc.max_staleness + 1):
-            if trainer.version >= tc.steps:
-                break
-            row, t = trainer.step(batch)
-            rows.append(row)
-            timing.append(t)
-        if state_path is not None:
-            _save_state(state_path, trainer.state(resume_key=resume_key, rows=rows, timing=timing, sampled=sampled,
-                                                  iteration=iteration))
-        iteration += 1
-    return TrainResult(steps=rows, timing=timing, adapter_dir=trainer.save_adapter(out_dir)), sampled

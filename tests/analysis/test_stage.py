@@ -39,8 +39,8 @@ def _training_episodes(records, p_success):
                         "task_hash": r["task_hash"], "harness_id": r["harness_id"], "harness_name": r["harness_name"],
                         "split": "train", "policy_id": "p", "policy_version": 0,
                         "group_id": f"{r['task_id']}|{r['harness_id']}", "sample_idx": i, "seed": i,
-                        "reward": float(ok), "success": ok, "status": "ok", "num_turns": 1, "input_tokens": 5,
-                        "output_tokens": 3, "final_answer": "1"})
+                        "reward": float(ok), "success": ok, "status": "ok", "stop_reason": "submitted",
+                        "num_turns": 1, "input_tokens": 5, "output_tokens": 3, "final_answer": "1"})
     return eps
 
 
@@ -64,9 +64,12 @@ def analyzed(tmp_path_factory):
         ckpts.append({"name": name, "step": 2, "path": f"train/checkpoints/{name}/step-2",
                       "adapter_sha256": sha256_dir(ad), "base_model_id": "m"})
     refs["checkpoints"] = store.write("train", "checkpoints", ckpts)
-    steps = [{"arm": a, "step": s, "loss": 0.1 / s, "policy_loss": 0.1, "kl": 0.001 * s, "entropy": 1.0, "clip_frac": 0.05,
-              "grad_norm": 0.5, "reward_mean": 0.3 + 0.1 * s, "zero_adv_frac": 0.4, "lr": 1e-4, "tokens": 100,
-              "policy_version_sampled": 0, "staleness": 0} for a in ("within", "cross") for s in (1, 2)]
+    steps = [{"arm": a, "step": s, "epoch": 0, "ppo_epoch": 0, "batch_index": s - 1, "loss": 0.1 / s,
+              "policy_loss": 0.1, "kl": 0.001 * s, "kl_penalty": 0.0001 * s, "entropy": 1.0, "clip_frac": 0.05,
+              "ratio_min": 0.9, "ratio_mean": 1.0, "ratio_max": 1.1, "grad_norm": 0.5, "reward_mean": 0.3 + 0.1 * s,
+              "zero_adv_frac": 0.4, "lr": 1e-4, "tokens": 100, "sequences": 8, "policy_version_sampled": 0,
+              "staleness": s - 1, "logp_mismatch_mean": 0.01, "logp_mismatch_max": 0.1,
+              "sync_max_abs_logp_diff": float("nan"), "dropped": "{}"} for a in ("within", "cross") for s in (1, 2)]
     refs["train_steps"] = store.write("train", "train_steps", steps)
     runner = ScriptedRunner(p_resolve={"direct": 0.6, "react-python": 0.3, "qwen-code-like": 0.2}, seed=1,
                             tool_harnesses=("react-python", "qwen-code-like"))

@@ -193,7 +193,8 @@ def test_evaluate_refuses_test_tasks_in_online_training_rollouts(tmp_path):
     ep = {"episode_id": "e0", "record_id": rec["record_id"], "task_id": rec["task_id"], "task_hash": rec["task_hash"],
           "harness_id": rec["harness_id"], "harness_name": rec["harness_name"], "split": "train", "policy_id": "p",
           "policy_version": 1, "group_id": "g", "sample_idx": 0, "seed": 0, "reward": 1.0, "success": True,
-          "status": "ok", "num_turns": 1, "input_tokens": 3, "output_tokens": 2, "final_answer": "1"}
+          "status": "ok", "stop_reason": "submitted", "num_turns": 1, "input_tokens": 3, "output_tokens": 2,
+          "final_answer": "1"}
     refs["online_episodes"] = store.write("train", "online_episodes", [ep], contract="episodes")
     with pytest.raises(LeakageError, match=f"training rollouts: \\['{rec['task_id']}'\\]"):
         run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner())

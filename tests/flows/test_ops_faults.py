@@ -34,7 +34,7 @@ def tiny_config(model_dir: Path, name: str = "ops") -> dict:
         "harnesses": ["direct"],
         "policy": {"model": str(model_dir), "batch_size": 64},
         "rollout": {"samples_per_task": 2, "task_runner": "serial"},
-        "train": {"steps": 1, "micro_batch_size": 8, "lr": 0.01},
+        "train": {"micro_batch_size": 8, "lr": 0.01},
         "evaluate": {"attempts": 2},
         "analyze": {"ceiling_k": 2},
     }

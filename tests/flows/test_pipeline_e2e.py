@@ -26,7 +26,7 @@ def _cfg(model_dir, **over):
         "harnesses": ["direct", "react-python"],
         "policy": {"model": str(model_dir), "batch_size": 64},
         "rollout": {"samples_per_task": 3},
-        "train": {"steps": 2, "micro_batch_size": 4, "lr": 0.01},
+        "train": {"epochs": 1, "batch_size": 6, "micro_batch_size": 4, "lr": 0.01},
         "evaluate": {"attempts": 2},
         "analyze": {"ceiling_k": 2, "branching": {"episodes_per_harness": 1, "n": 2, "k": 2},
                     "log_odds": {"max_states_per_harness": 3}},
@@ -173,14 +173,15 @@ def test_cli_run_resumes_at_the_failed_stage(tiny_model_dir, prefect_harness, tm
 
 
 def test_online_off_policy_training_stage_on_the_frozen_records(run, tiny_model_dir, tmp_path):
-    """The train stage in online mode: fresh rollouts from the current policy, staleness <= 1."""
+    """The train stage in online mode: a fresh batch of 3 tasks per iteration from a policy at
+    most one version behind."""
     from tasks.train.stage import run_train
 
     cfg, rd, first = run
     store = ArtifactStore(rd)
     frozen, rollouts = first["freeze"]["outputs"], first["rollout"]["outputs"]
     online_cfg = _cfg(tiny_model_dir, train={"steps": 3, "micro_batch_size": 8, "lr": 0.01, "mode": "online",
-                                             "max_staleness": 1}, rollout={"samples_per_task": 2})
+                                             "max_staleness": 1, "prompts_per_step": 3}, rollout={"samples_per_task": 2})
     out_store = ArtifactStore(tmp_path / "online")
     for name in ("tasks", "harnesses", "records"):
         out_store.write("freeze", name, store.read(frozen[name]))
@@ -190,11 +191,13 @@ def test_online_off_policy_training_stage_on_the_frozen_records(run, tiny_model_
     inputs.update({n: out_store.ref("rollout", n) for n in ("episodes", "turns")})
     outs = run_train(out_store, online_cfg, inputs)
     steps = out_store.rows(outs["train_steps"])
-    assert [s["policy_version_sampled"] for s in steps] == [0, 0, 2]
-    assert [s["staleness"] for s in steps] == [0, 1, 0]
+    assert [s["policy_version_sampled"] for s in steps] == [0, 0, 1]  # batch 2 sampled while batch 1 trained
+    assert [s["staleness"] for s in steps] == [0, 1, 1]
     eps = out_store.rows(outs["online_episodes"])
-    assert len(eps) == 2 * 6 * 2 * 2  # 2 sampled batches x 6 train tasks x 2 harnesses x 2 samples
-    assert sorted({e["policy_version"] for e in eps}) == [0, 2]
+    assert len(eps) == 3 * 3 * 2 * 2  # 3 sampled batches x 3 tasks x 2 harnesses x 2 samples
+    assert sorted({e["policy_version"] for e in eps}) == [0, 1]
+    per_iter = [sorted({e["task_id"] for e in eps[i * 12:(i + 1) * 12]}) for i in range(3)]
+    assert all(len(t) == 3 for t in per_iter) and len(set(per_iter[0]) | set(per_iter[1])) == 6  # a pass: all 6
     test_hashes = {t["task_hash"] for t in store.rows(frozen["tasks"]) if t["split"] == "test"}
     assert not {e["task_hash"] for e in eps} & test_hashes
 

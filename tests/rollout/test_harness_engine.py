@@ -18,15 +18,17 @@ from tasks.train.sequences import build_sequences
 class ScriptedPolicy:
     """Replies with a fixed script per turn (same for every episode)."""
 
-    def __init__(self, tokenizer, script):
-        self.tokenizer, self.script, self.calls, self.prompts = tokenizer, script, 0, []
+    def __init__(self, tokenizer, script, finish="stop"):
+        self.tokenizer, self.script, self.calls, self.finish, self.prompts = tokenizer, script, 0, finish, []
 
     def generate(self, prompts, sampling, seed):
-        text = self.script[self.calls]
+        text = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
         self.prompts += [list(p) for p in prompts]
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        return [Generation(ids, [-0.5] * len(ids), "stop", text) for _ in prompts]
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if self.finish == "stop":
+            ids.append(self.tokenizer.eos_token_id)
+        return [Generation(ids, [-0.5] * len(ids), self.finish, text) for _ in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +65,9 @@ def test_react_episode_runs_code_observes_and_is_graded(tiny_model_dir, task_and
     assert [s["source"] for s in spans] == ["system", "instruction", "tool_output"]
     # the hidden answer never entered a prompt before the agent produced it
     assert f"answer\":\"{answer}" not in tok.decode(p0)
+    assert ep["stop_reason"] == "submitted"
     seq = build_sequences([dict(ep, task_id=task["task_id"], task_hash=task["task_hash"], harness_id=spec.harness_id)],
-                          turns, {spec.harness_id: (1.0, 0, 1.0)})[0]
+                          turns, {spec.harness_id: (1.0, 0, 1.0)})[0][0]
     assert sum(seq.mask) == len(t0["completion_token_ids"]) + len(t1["completion_token_ids"])
     assert all(m == 0 for m in seq.mask[n0:n0 + len(obs_ids)])  # observation tokens never in the loss
 
@@ -81,3 +84,33 @@ def test_direct_episode_falls_back_to_the_last_number(tiny_model_dir, task_and_r
     pol = ScriptedPolicy(tok, ["no number here"])
     eps, _ = run_episodes(pol, load_harness("direct"), [EpisodeJob("e", rec, task, 0, 0)], SandboxConfig(), seed=0)
     assert eps[0]["final_answer"] is None and eps[0]["reward"] == 0.0 and eps[0]["status"] == "ok"
+
+
+@pytest.mark.parametrize("harness,script,finish,wall_s,want", [
+    ("direct", ["Answer: {answer}"], "stop", None, "submitted"),
+    ("direct", ["I do not know"], "stop", None, "format_error"),  # no answer to grade
+    ("direct", ["Answer: {answer} and then some more wor"], "length", None, "max_tokens"),  # cut reply
+    ("react-python", ["```python\nprint(1)\n```"], "stop", None, "max_turns"),
+    ("react-python", ["```python\nimport time; time.sleep(0.3)\n```"], "stop", 0.1, "timeout"),
+])
+def test_every_episode_says_why_it_stopped(tiny_model_dir, task_and_record, harness, script, finish, wall_s, want):
+    from transformers import AutoTokenizer
+
+    if harness != "direct" and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    task, rec = task_and_record
+    answer = json.loads(task["verifier_spec"])["answer"]
+    spec = load_harness(harness)
+    if wall_s is not None:
+        spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"episode_wall_s": wall_s})})
+    pol = ScriptedPolicy(AutoTokenizer.from_pretrained(tiny_model_dir), [t.format(answer=answer) for t in script],
+                         finish)
+    eps, turns = run_episodes(pol, spec, [EpisodeJob("e", rec, task, 0, 0)], SandboxConfig(), seed=0)
+    assert eps[0]["stop_reason"] == want
+    assert (turns[-1]["finish_reason"] == "length") == (finish == "length")  # the cut turn is flagged
+    if want == "max_turns":
+        assert len(turns) == spec.max_turns
+    if want in ("timeout", "max_tokens"):  # cut episodes keep their group place, scored 0 by default
+        ep = dict(eps[0], task_id=task["task_id"], task_hash=task["task_hash"], harness_id=spec.harness_id)
+        seqs, dropped = build_sequences([ep], turns, {spec.harness_id: (1.0, 0, 1.0)})
+        assert len(seqs) == 1 and seqs[0].reward == 0.0 and seqs[0].stop_reason == want and dropped == {}

@@ -93,7 +93,7 @@ def _cfg(model_dir, **over):
          "split": {"test_fraction": 0.4}, "harnesses": ["talkmesh"],
          "policy": {"model": str(model_dir), "autocast_dtype": "float32", "rollout_dtype": "float32"},
          "rollout": {"samples_per_task": 1, "task_runner": "serial"},
-         "train": {"steps": 1, "micro_batch_size": 32, "lr": 0.01, "kl": {"beta": 0.0}},
+         "train": {"micro_batch_size": 32, "lr": 0.01, "kl": {"beta": 0.0}},
          "evaluate": {"attempts": 1, "bootstrap_resamples": 100},
          "analyze": {"ceiling_k": 1, "bootstrap_resamples": 100, "kl_check": False}}
     d.update(over)

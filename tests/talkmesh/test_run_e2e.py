@@ -52,7 +52,7 @@ def _cfg(model_dir, **tm):
         "split": {"test_fraction": 0.5}, "harnesses": ["direct"],
         "policy": {"model": str(model_dir), "autocast_dtype": "float32", "rollout_dtype": "float32"},
         "rollout": {"task_runner": "serial"},
-        "train": {"steps": 1, "micro_batch_size": 16, "kl": {"beta": 0.0}},
+        "train": {"micro_batch_size": 16, "kl": {"beta": 0.0}},
         "talkmesh": {"train_problems": 2, "test_problems": 4, "train_samples": 4, "samples": 6, "agents": 4,
                      "threshold": 1.0, "talk_group": 1, "colluders": [2], "resamples": 1,
                      "head": {"steps": 20}, **tm},

@@ -115,3 +115,90 @@ def test_zero_advantages_give_zero_loss_and_gradient():
     loss, _ = policy_loss(logp, old, torch.zeros(3), mask)
     loss.backward()
     assert loss.item() == 0.0 and logp.grad.abs().max().item() == 0.0
+
+
+LEVEL_AGGS = [("token", "token_mean"), ("token", "seq_mean_token_mean"), ("token", "seq_mean_token_sum_norm"),
+              ("sequence", "seq_mean_token_mean"), ("sequence_token", "seq_mean_token_mean")]
+
+
+def _dirty(x, mask, a, b):
+    """``x`` with ``a`` and ``b`` written at alternating masked-out positions."""
+    out = x.detach().clone()
+    holes = (mask == 0).nonzero(as_tuple=True)
+    vals = torch.tensor([a if k % 2 == 0 else b for k in range(len(holes[0]))], dtype=out.dtype)
+    out[holes] = vals
+    return out
+
+
+@pytest.mark.parametrize("level,agg", LEVEL_AGGS)
+@pytest.mark.parametrize("a,b", [(200.0, 300.0), (300.0, -200.0), (float("inf"), float("nan"))])
+def test_values_at_masked_positions_change_nothing(level, agg, a, b):
+    # exp(300 - (-200)) overflows to inf; before masking came first it gave a NaN loss and gradient
+    logp, old, mask, adv = _batch()
+    weights = torch.rand(3, 5) + 0.5 if level == "token" else torch.rand(3) + 0.5
+    kw = dict(level=level, agg=agg, max_len=5, clip_low=0.2, clip_high=0.28, weights=weights)
+    clean = logp.detach().clone().requires_grad_()
+    l_clean, m_clean = policy_loss(clean, old, adv, mask, **kw)
+    (g_clean,) = torch.autograd.grad(l_clean, clean)
+    dirty = _dirty(logp, mask, a, b).requires_grad_()
+    l_dirty, m_dirty = policy_loss(dirty, _dirty(old, mask, b, a), adv, mask, **kw)
+    (g_dirty,) = torch.autograd.grad(l_dirty, dirty)
+    assert torch.isfinite(l_dirty) and l_dirty.item() == l_clean.item()
+    assert torch.equal(g_dirty, g_clean) and m_dirty == m_clean
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_kl_terms_ignore_values_at_masked_positions(kind, agg):
+    from tasks.train.kl import importance_weighted, kl_estimate
+
+    logp, old, mask, _ = _batch()
+    ref = old - 0.3
+
+    def kl_loss(lp, rf, od):
+        k = kl_estimate(lp, rf, kind, mask=mask)
+        return agg_loss(importance_weighted(k, lp, od, mask), mask, agg, max_len=5)
+
+    clean = logp.detach().clone().requires_grad_()
+    l_clean = kl_loss(clean, ref, old)
+    (g_clean,) = torch.autograd.grad(l_clean, clean)
+    dirty = _dirty(logp, mask, 200.0, 300.0).requires_grad_()
+    l_dirty = kl_loss(dirty, _dirty(ref, mask, -300.0, float("nan")), _dirty(old, mask, 300.0, -200.0))
+    (g_dirty,) = torch.autograd.grad(l_dirty, dirty)
+    assert torch.isfinite(l_dirty) and l_dirty.item() == l_clean.item() and torch.equal(g_dirty, g_clean)
+    assert (kl_estimate(dirty, _dirty(ref, mask, -300.0, 1.0), kind, mask=mask)[mask == 0] == 0).all()
+
+
+def test_truncated_importance_weights_on_a_known_mismatch():
+    from tasks.train.losses import truncated_is_weights
+
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9, 0.3]]))
+    beh = torch.log(torch.tensor([[0.25, 0.4, 0.1, 0.3]]))  # ratios 2, 0.5, 9 (masked: anything)
+    w = truncated_is_weights(old, beh, mask, cap=3.0)
+    assert w[0, :3].tolist() == pytest.approx([2.0, 0.5, 3.0]) and w[0, 3].item() == 1.0
+    seq = truncated_is_weights(old, beh, mask, cap=3.0, level="sequence")
+    assert seq.item() == pytest.approx(min((2.0 * 0.5 * 9.0) ** (1 / 3), 3.0))
+    # the weight multiplies each token's loss: the gradient of a weighted token scales with it
+    logp = old.clone().requires_grad_()
+    loss, _ = policy_loss(logp, old, torch.tensor([1.0]), mask, weights=w, agg="token_mean")
+    loss.backward()
+    assert (logp.grad[0, :3] / logp.grad[0, 0]).tolist() == pytest.approx([1.0, 0.25, 1.5])
+    with pytest.raises(ValueError, match="cap"):
+        truncated_is_weights(old, beh, mask, cap=0.0)
+
+
+def test_importance_ratio_weights_the_gradient_only_when_behaviour_differs():
+    # d/dlogp of -rho A at rho = exp(logp - old): -A rho; equal to the REINFORCE gradient -A iff old = logp
+    logp, old, mask, adv = _batch()
+    wide = dict(clip_low=10.0, clip_high=10.0, agg="token_mean")
+    on = logp.detach().clone().requires_grad_()
+    l_on, _ = policy_loss(on, on.detach(), adv, mask, **wide)
+    (g_on,) = torch.autograd.grad(l_on, on)
+    assert torch.allclose(g_on, -adv[:, None] * mask / mask.sum())  # on-policy: plain policy gradient
+    off = logp.detach().clone().requires_grad_()
+    l_off, met = policy_loss(off, old, adv, mask, **wide)
+    (g_off,) = torch.autograd.grad(l_off, off)
+    rho = torch.exp(logp.detach() - old)
+    assert torch.allclose(g_off, -adv[:, None] * rho * mask / mask.sum(), atol=1e-7)
+    assert not torch.allclose(g_off, g_on) and met["ratio_min"] < 1.0 < met["ratio_max"]

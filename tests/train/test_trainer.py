@@ -1,5 +1,6 @@
-"""The trainer on the tiny model: resume after a kill, starting adapters and the reference,
-micro-batch invariance, GSPO variants, and the masks."""
+"""The trainer on the tiny model: mini-batches and epochs, old log-probs fixed per epoch, resume
+after a kill, starting adapters and the reference, micro-batch invariance, GSPO's clip acting,
+online sampling with bounded staleness, and the masks."""
 
 from pathlib import Path
 
@@ -8,18 +9,21 @@ import torch
 
 from tasks.config import RunConfig
 from tasks.hashing import sha256_dir
+from tasks.train.forward import pad_batch
+from tasks.train.loops import SampledBatch, TrainingInterrupted, frozen_schedule, train, train_online
 from tasks.train.sequences import TrainSequence
-from tasks.train.trainer import TrainingInterrupted, _pad, train
+from tasks.train.trainer import Trainer
 
 
 def _cfg(model_dir, **train_over):
-    t = {"steps": 3, "lr": 0.05, "micro_batch_size": 3, "lora": {"r": 4, "alpha": 8}}
+    t = {"lr": 0.05, "micro_batch_size": 3, "lora": {"r": 4, "alpha": 8}}
     t.update(train_over)
     return RunConfig.model_validate({"name": "t", "suites": [{"name": "basic_arithmetic", "size": 2}],
                                      "harnesses": ["direct"], "policy": {"model": str(model_dir)}, "train": t})
 
 
-def _seqs(n=6, seed=0):
+def _seqs(n=6, seed=0, group=3, version=0):
+    """``n`` sequences in groups of ``group`` (one task each), rewards alternating 0 / 1."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
@@ -29,38 +33,119 @@ def _seqs(n=6, seed=0):
         out.append(TrainSequence(
             episode_id=f"e{i}", ids=ids, mask=[0] * len(prompt) + [1] * len(comp),
             behaviour_logp=[0.0] * len(prompt) + [-2.0] * len(comp), reward=float(i % 2),
-            task_id=f"t{i // 3}", task_hash=f"h{i // 3}", harness_id="H", sampling_key=(1.0, 0, 1.0)))
+            task_id=f"t{i // group}", task_hash=f"h{i // group}", harness_id="H", sampling_key=(1.0, 0, 1.0),
+            policy_version=version))
     return out
 
 
+def _quiet(_m):
+    return None
+
+
+def _fp32(cfg):
+    """The config with autocast off: base weights in float32, so that two layouts of the same
+    computation agree to float32 rounding (bf16 rounding differs with the batch shape)."""
+    return cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"autocast_dtype": "float32"})})
+
+
+# ---- mini-batches and epochs ---------------------------------------------------------------------
+
+def test_one_epoch_is_ceil_n_over_b_steps_each_logged_with_epoch_and_batch(tiny_model_dir, tmp_path):
+    seqs = _seqs(n=14, group=2)  # 7 groups
+    cfg = _cfg(tiny_model_dir, epochs=2, batch_size=3)
+    res = train(cfg, tiny_model_dir, seqs, tmp_path / "a", log=_quiet)
+    assert len(res.steps) == 2 * 3  # ceil(7 / 3) = 3 per epoch
+    assert [(r["epoch"], r["batch_index"]) for r in res.steps] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert [r["step"] for r in res.steps] == [1, 2, 3, 4, 5, 6]
+    assert [r["sequences"] for r in res.steps][:3] in ([6, 6, 2], [6, 2, 6], [2, 6, 6])  # whole groups of 2
+    sched = frozen_schedule(cfg, [[2 * g, 2 * g + 1] for g in range(7)])
+    for _e, _p, _b, idx in sched:  # a group is never split across steps
+        assert all((i ^ 1) in idx for i in idx)
+    # shuffled per epoch from the seed: the two epochs' orders differ, the same seed repeats them
+    assert [s[3] for s in sched[:3]] != [s[3] for s in sched[3:]]
+    assert sched == frozen_schedule(cfg, [[2 * g, 2 * g + 1] for g in range(7)])
+    other = _cfg(tiny_model_dir, epochs=2, batch_size=3).model_copy(update={"seed": 5})
+    assert [s[3] for s in frozen_schedule(other, [[2 * g, 2 * g + 1] for g in range(7)])] != [s[3] for s in sched]
+
+
+def test_ppo_epochs_reuse_the_epochs_old_logprobs(tiny_model_dir, tmp_path):
+    res = train(_cfg(tiny_model_dir, ppo_epochs=3), tiny_model_dir, _seqs(), tmp_path / "a", log=_quiet)
+    assert [(r["epoch"], r["ppo_epoch"]) for r in res.steps] == [(0, 0), (0, 1), (0, 2)]
+    assert res.steps[0]["ratio_min"] == res.steps[0]["ratio_max"] == 1.0  # old = the policy at the epoch's start
+    assert res.steps[1]["ratio_max"] > 1.0 and res.steps[2]["ratio_min"] < 1.0  # later passes: off-policy
+    fresh = train(_cfg(tiny_model_dir, epochs=3), tiny_model_dir, _seqs(), tmp_path / "b", log=_quiet)
+    assert all(r["ratio_min"] == r["ratio_max"] == 1.0 for r in fresh.steps)  # each epoch re-fixes old
+
+
+def test_gspo_clip_acts_from_the_second_mini_batch_of_an_epoch(tiny_model_dir, tmp_path):
+    # the P6 shape: GSPO, clip 3e-4 / 4e-4, one epoch of several mini-batches
+    seqs = _seqs(n=12, group=3)  # 4 groups
+    kw = dict(algorithm="gspo", agg="seq_mean_token_mean", epochs=1, batch_size=1, lr=0.02)
+    res = train(_cfg(tiny_model_dir, clip_low=3e-4, clip_high=4e-4, **kw), tiny_model_dir, seqs, tmp_path / "c",
+                log=_quiet)
+    fracs = [r["clip_frac"] for r in res.steps]
+    assert len(fracs) == 4 and fracs[0] == 0.0 and max(fracs[1:]) > 0, fracs
+    wide = train(_cfg(tiny_model_dir, clip_low=10.0, clip_high=10.0, **kw), tiny_model_dir, seqs, tmp_path / "w",
+                 log=_quiet)
+    assert wide.steps[0]["loss"] == res.steps[0]["loss"]  # on-policy: the clip changes nothing
+    assert all(r["clip_frac"] == 0.0 for r in wide.steps)
+    assert all(a["loss"] != b["loss"] for a, b in zip(res.steps[1:], wide.steps[1:]) if a["clip_frac"] > 0)
+
+
 def test_resume_after_a_kill_ends_exactly_where_an_uninterrupted_run_ends(tiny_model_dir, tmp_path):
-    cfg = _cfg(tiny_model_dir)
-    full = train(cfg, tiny_model_dir, _seqs(), tmp_path / "full", log=lambda m: None)
+    cfg = _cfg(tiny_model_dir, epochs=2, batch_size=1, kl={"estimator": "k3", "placement": "reward", "beta": 0.1})
+    full = train(cfg, tiny_model_dir, _seqs(), tmp_path / "full", log=_quiet)
+    assert len(full.steps) == 4
     state = tmp_path / "state.pt"
-    with pytest.raises(TrainingInterrupted):
-        train(cfg, tiny_model_dir, _seqs(), tmp_path / "a", log=lambda m: None, state_path=state, resume_key="k",
-              stop_after=2)
+    with pytest.raises(TrainingInterrupted):  # killed mid-epoch: the epoch's old log-probs must come back
+        train(cfg, tiny_model_dir, _seqs(), tmp_path / "a", log=_quiet, state_path=state, resume_key="k", stop_after=3)
     logs = []
     resumed = train(cfg, tiny_model_dir, _seqs(), tmp_path / "b", log=logs.append, state_path=state, resume_key="k")
-    assert any("resuming after step 2" in m for m in logs)
+    assert any("resuming after step 3" in m for m in logs)
     assert [r["loss"] for r in resumed.steps] == [r["loss"] for r in full.steps]
     assert sha256_dir(tmp_path / "b") == sha256_dir(tmp_path / "full")
-    # a state written under another key is ignored
     other = train(cfg, tiny_model_dir, _seqs(), tmp_path / "c", log=logs.append, state_path=state, resume_key="other")
-    assert len(other.steps) == 3 and sha256_dir(tmp_path / "c") == sha256_dir(tmp_path / "full")
+    assert len(other.steps) == 4 and sha256_dir(tmp_path / "c") == sha256_dir(tmp_path / "full")
+
+
+# ---- KL ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_kl_in_reward_changes_the_advantages_after_one_update_only_with_beta(tiny_model_dir, beta):
+    cfg = _cfg(tiny_model_dir, kl={"estimator": "k1", "placement": "reward", "beta": beta})
+    tr = Trainer(cfg, tiny_model_dir, log=_quiet)
+    seqs = _seqs()
+    b = tr.new_batch(seqs)
+    idx = list(range(len(seqs)))
+    before, pen0 = tr.advantages(b, idx)
+    tr.step(b, idx)
+    after, pen1 = tr.advantages(b, idx)
+    assert torch.equal(before, b.static_adv)  # at version 0 theta = ref: the penalty is exactly 0
+    if beta == 0.0:
+        assert torch.equal(after, before)
+    else:
+        assert pen0 == 0.0 and pen1 != 0.0
+        assert (after - before).abs().max() > 1e-3
+
+
+def test_kl_in_reward_penalises_from_the_second_frozen_step(tiny_model_dir, tmp_path):
+    res = train(_cfg(tiny_model_dir, epochs=1, batch_size=1, kl={"estimator": "k1", "placement": "reward", "beta": 0.1}),
+                tiny_model_dir, _seqs(), tmp_path / "a", log=_quiet)
+    assert res.steps[0]["kl_penalty"] == 0.0 and res.steps[1]["kl_penalty"] != 0.0
+    off = train(_cfg(tiny_model_dir, epochs=1, batch_size=1, kl={"beta": 0.0}), tiny_model_dir, _seqs(), tmp_path / "b",
+                log=_quiet)
+    assert all(r["kl_penalty"] != r["kl_penalty"] for r in off.steps)  # NaN: no KL in the reward
 
 
 def test_starting_adapter_as_reference_has_zero_kl_at_step_one(tiny_model_dir, tmp_path):
-    # case 5h: a non-zero starting adapter, kept frozen as the reference: KL exactly 0 at the first step
-    first = train(_cfg(tiny_model_dir, steps=2), tiny_model_dir, _seqs(), tmp_path / "start", log=lambda m: None)
-    assert first.steps[1]["kl"] != 0.0  # the adapter moved: it is non-zero
-    cfg = _cfg(tiny_model_dir, steps=2, init_adapter=str(tmp_path / "start"), kl={"estimator": "k3", "placement": "loss",
-                                                                                  "beta": 0.1})
-    res = train(cfg, tiny_model_dir, _seqs(), tmp_path / "next", log=lambda m: None)
+    first = train(_cfg(tiny_model_dir, ppo_epochs=2), tiny_model_dir, _seqs(), tmp_path / "start", log=_quiet)
+    assert first.steps[1]["grad_norm"] > 0  # the adapter moved: it is non-zero
+    kl = {"estimator": "k3", "placement": "loss", "beta": 0.1}
+    cfg = _cfg(tiny_model_dir, ppo_epochs=2, init_adapter=str(tmp_path / "start"), kl=kl)
+    res = train(cfg, tiny_model_dir, _seqs(), tmp_path / "next", log=_quiet)
     assert res.steps[0]["kl"] == 0.0 and res.steps[1]["kl"] > 0.0
-    base_ref = _cfg(tiny_model_dir, steps=1, init_adapter=str(tmp_path / "start"), reference="base",
-                    kl={"estimator": "k3", "placement": "loss", "beta": 0.1})
-    res_b = train(base_ref, tiny_model_dir, _seqs(), tmp_path / "next-b", log=lambda m: None)
+    base_ref = _cfg(tiny_model_dir, init_adapter=str(tmp_path / "start"), reference="base", kl=kl)
+    res_b = train(base_ref, tiny_model_dir, _seqs(), tmp_path / "next-b", log=_quiet)
     assert res_b.steps[0]["kl"] > 0.0  # reference = base: the starting adapter already differs from it
 
 
@@ -68,22 +153,45 @@ def test_starting_adapter_as_reference_has_zero_kl_at_step_one(tiny_model_dir, t
                                            ("grpo", "seq_mean_token_sum_norm"), ("gspo", "seq_mean_token_mean"),
                                            ("gspo_token", "seq_mean_token_mean")])
 def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, tmp_path, algorithm, agg):
-    kw = dict(steps=1, algorithm=algorithm, agg=agg, kl={"estimator": "k2", "placement": "loss", "beta": 0.2},
+    kw = dict(ppo_epochs=2, algorithm=algorithm, agg=agg, kl={"estimator": "k2", "placement": "loss", "beta": 0.2},
               max_len=16 if agg == "seq_mean_token_sum_norm" else None)
-    one = train(_cfg(tiny_model_dir, micro_batch_size=6, **kw), tiny_model_dir, _seqs(), tmp_path / "one", log=lambda m: None)
-    many = train(_cfg(tiny_model_dir, micro_batch_size=1, **kw), tiny_model_dir, _seqs(), tmp_path / "many",
-                 log=lambda m: None)
-    assert one.steps[0]["loss"] == pytest.approx(many.steps[0]["loss"], rel=1e-4, abs=1e-6)
-    assert one.steps[0]["grad_norm"] == pytest.approx(many.steps[0]["grad_norm"], rel=1e-3)
+    one = train(_fp32(_cfg(tiny_model_dir, micro_batch_size=6, **kw)), tiny_model_dir, _seqs(), tmp_path / "one",
+                log=_quiet)
+    many = train(_fp32(_cfg(tiny_model_dir, micro_batch_size=1, **kw)), tiny_model_dir, _seqs(), tmp_path / "many",
+                 log=_quiet)
+    for a, b in zip(one.steps, many.steps):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+
+
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, tmp_path):
+    kw = dict(ppo_epochs=2, share_prompt=False, kl={"estimator": "k3", "placement": "loss", "beta": 0.1})
+    plain = train(_cfg(tiny_model_dir, **kw), tiny_model_dir, _seqs(), tmp_path / "p", log=_quiet)
+    ckpt = train(_cfg(tiny_model_dir, gradient_checkpointing=True, **kw), tiny_model_dir, _seqs(), tmp_path / "c",
+                 log=_quiet)
+    for a, b in zip(plain.steps, ckpt.steps):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+def test_base_weights_are_bf16_and_lora_and_optimizer_state_fp32(tiny_model_dir, tmp_path):
+    tr = Trainer(_cfg(tiny_model_dir), tiny_model_dir, log=_quiet)
+    frozen = [p for n, p in tr.model.named_parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+    assert tr.params and all(p.dtype == torch.float32 for p in tr.params)
+    b = tr.new_batch(_seqs())
+    tr.step(b, list(range(6)))
+    assert all(v.dtype == torch.float32 for st in tr.opt.state.values() for v in st.values() if v.numel() > 1)
+    fp32 = Trainer(_fp32(_cfg(tiny_model_dir)), tiny_model_dir, log=_quiet)
+    assert all(p.dtype == torch.float32 for p in fp32.model.parameters())
 
 
 def test_padding_is_masked_and_pad_equal_to_eos_keeps_the_first_eos():
-    # case 5c: padding never enters the loss; with pad id == EOS id the one real EOS is kept
     eos = 7
     s1 = TrainSequence("a", [1, 2, 3, eos], [0, 1, 1, 1], [0, -1, -1, -1], 1.0, "t", "h", "H", (1.0, 0, 1.0))
     s2 = TrainSequence("b", [1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 1], [0, 0, -1, -1, -1, -1], 0.0, "t", "h", "H",
                        (1.0, 0, 1.0))
-    ids, attn, mask, _ = _pad([s1, s2], [0, 1], pad_id=eos)
+    ids, attn, mask, _ = pad_batch([s1, s2], [0, 1], pad_id=eos)
     assert ids[0].tolist() == [1, 2, 3, eos, eos, eos]
     assert mask[0].tolist() == [1, 1, 1, 0, 0]  # targets: the real EOS (position 3) is trained, pads are not
     assert attn[0].tolist() == [1, 1, 1, 1, 0, 0]
@@ -100,79 +208,109 @@ def test_generation_trims_at_the_first_eos_when_pad_is_eos():
 
 
 def test_lora_rank_32_trains(tiny_model_dir, tmp_path):
-    res = train(_cfg(tiny_model_dir, steps=1, lora={"r": 32, "alpha": 64}), tiny_model_dir, _seqs(), tmp_path / "r32",
-                log=lambda m: None)
     import json
 
+    res = train(_cfg(tiny_model_dir, lora={"r": 32, "alpha": 64}), tiny_model_dir, _seqs(), tmp_path / "r32", log=_quiet)
     assert json.loads((tmp_path / "r32/adapter_config.json").read_text())["r"] == 32
     assert res.steps[0]["grad_norm"] > 0
 
 
+# ---- online ----------------------------------------------------------------------------------------
+
 def _sampler(calls):
-    def sample(trainer, version, iteration):
-        calls.append((version, iteration))
-        seqs = _seqs(seed=iteration)
-        return seqs, {"version": version, "iteration": iteration}
+    def sample(trainer, iteration):
+        calls.append((trainer.version, iteration))
+        return SampledBatch(seqs=_seqs(seed=iteration, version=trainer.version), dropped={},
+                            rows={"version": trainer.version, "iteration": iteration})
 
     return sample
 
 
-@pytest.mark.parametrize("staleness,versions,n_batches", [(0, [0, 1, 2, 3, 4], 5), (1, [0, 0, 2, 2, 4], 3),
-                                                           (3, [0, 0, 0, 0, 4], 2)])
-def test_online_mode_bounds_staleness_and_logs_it(tiny_model_dir, tmp_path, staleness, versions, n_batches):
-    from tasks.train.trainer import train_online
-
-    cfg = _cfg(tiny_model_dir, steps=5, mode="online", max_staleness=staleness)
+@pytest.mark.parametrize("staleness,versions", [(0, [0, 1, 2, 3, 4]), (1, [0, 0, 1, 2, 3]), (3, [0, 0, 0, 0, 1])])
+def test_online_sampler_runs_ahead_by_at_most_max_staleness_with_fresh_batches(tiny_model_dir, tmp_path, staleness,
+                                                                               versions):
+    cfg = _cfg(tiny_model_dir, mode="online", steps=5, max_staleness=staleness)
     calls = []
-    res, sampled = train_online(cfg, tiny_model_dir, _sampler(calls), tmp_path / "a", log=lambda m: None)
+    res, sampled = train_online(cfg, tiny_model_dir, _sampler(calls), tmp_path / "a", log=_quiet)
     assert [r["policy_version_sampled"] for r in res.steps] == versions
     assert [r["staleness"] for r in res.steps] == [s - v for s, v in zip(range(5), versions)]
     assert max(r["staleness"] for r in res.steps) <= staleness
-    assert len(calls) == n_batches == len(sampled) and [c[0] for c in calls] == sorted(set(versions))
+    # every iteration is a fresh batch (not one batch reused), sampled once, in order
+    assert [c[1] for c in calls] == [0, 1, 2, 3, 4] and [c[0] for c in calls] == versions
+    assert [s["iteration"] for s in sampled] == [0, 1, 2, 3, 4]
+    assert len(res.phases) == 5
+
+
+def test_online_ppo_epochs_and_mini_batches(tiny_model_dir, tmp_path):
+    cfg = _cfg(tiny_model_dir, mode="online", steps=2, batch_size=1, ppo_epochs=2)
+    res, _ = train_online(cfg, tiny_model_dir, _sampler([]), tmp_path / "a", log=_quiet)
+    assert [(r["epoch"], r["ppo_epoch"], r["batch_index"]) for r in res.steps] == \
+        [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    assert [r["staleness"] for r in res.steps] == [0, 1, 2, 3, 0, 1, 2, 3]
 
 
 def test_online_mode_resumes_with_the_next_batch(tiny_model_dir, tmp_path):
-    from tasks.train.trainer import train_online
-
-    cfg = _cfg(tiny_model_dir, steps=4, mode="online", max_staleness=1)
-    full, _ = train_online(cfg, tiny_model_dir, _sampler([]), tmp_path / "full", log=lambda m: None)
+    cfg = _cfg(tiny_model_dir, mode="online", steps=3)
+    full, _ = train_online(cfg, tiny_model_dir, _sampler([]), tmp_path / "full", log=_quiet)
     state = tmp_path / "s.pt"
     calls = []
 
-    def dies_on_second_batch(trainer, version, iteration):
+    def dies_on_second_batch(trainer, iteration):
         if iteration == 1:
             raise KeyboardInterrupt("killed")
-        return _sampler(calls)(trainer, version, iteration)
+        return _sampler(calls)(trainer, iteration)
 
     with pytest.raises(KeyboardInterrupt):
-        train_online(cfg, tiny_model_dir, dies_on_second_batch, tmp_path / "x", log=lambda m: None,
-                     state_path=state, resume_key="k")
+        train_online(cfg, tiny_model_dir, dies_on_second_batch, tmp_path / "x", log=_quiet, state_path=state,
+                     resume_key="k")
     calls.clear()
-    resumed, sampled = train_online(cfg, tiny_model_dir, _sampler(calls), tmp_path / "r", log=lambda m: None,
+    resumed, sampled = train_online(cfg, tiny_model_dir, _sampler(calls), tmp_path / "r", log=_quiet,
                                     state_path=state, resume_key="k")
-    assert calls == [(2, 1)] and len(sampled) == 2
+    assert calls == [(1, 1), (2, 2)] and len(sampled) == 3
     assert [r["loss"] for r in resumed.steps] == [r["loss"] for r in full.steps]
     assert sha256_dir(tmp_path / "r") == sha256_dir(tmp_path / "full")
 
 
-def test_online_config_rules():
+def test_tasks_per_iteration_without_replacement_within_a_pass():
+    from tasks.train.batches import tasks_for_iteration
+
+    tasks = [f"t{i}" for i in range(7)]
+    its = [tasks_for_iteration(tasks, 3, i, seed=1) for i in range(7)]
+    assert all(len(x) == 3 and len(set(x)) == 3 for x in its)  # never twice in one iteration
+    stream = [t for x in its for t in x]
+    assert sorted(stream[:7]) == tasks and sorted(stream[7:14]) == tasks  # each pass covers every task once
+    assert its == [tasks_for_iteration(tasks, 3, i, seed=1) for i in range(7)]  # seeded
+    assert its != [tasks_for_iteration(tasks, 3, i, seed=2) for i in range(7)]
+    assert tasks_for_iteration(tasks, None, 4, seed=1) == sorted(tasks)
+
+
+# ---- config ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("train, message", [
+    ({"steps": 3}, "counts sampling iterations of mode 'online'"),
+    ({"mode": "online"}, "needs train.steps"),
+    ({"mode": "online", "steps": 2, "epochs": 2}, "applies to mode 'frozen' only"),
+    ({"prompts_per_step": 4}, "applies to mode 'online' only"),
+    ({"max_staleness": 2}, "applies to mode 'online' only"),
+    ({"mode": "online", "steps": 2, "old_logprobs": "recompute", "max_staleness": 1}, "nothing would correct"),
+    ({"tis_cap": 2.0, "old_logprobs": "sampler"}, "tis_cap=2.0 needs train.old_logprobs='recompute'"),
+    ({"mode": "online", "steps": 2, "tis_cap": 2.0}, "needs train.old_logprobs='recompute'"),
+    ({"gradient_checkpointing": True}, "cannot be combined with train.share_prompt"),
+    ({"kl": {"importance_weighted": True, "placement": "reward"}}, "in-loss"),
+    ({"drop_stop_reasons": ["infra_error"]}, "drop_stop_reasons"),
+])
+def test_config_refuses_what_it_cannot_honour(train, message):
     from pydantic import ValidationError
 
     base = {"name": "t", "suites": [{"name": "basic_arithmetic", "size": 2}], "harnesses": ["direct"]}
-    with pytest.raises(ValidationError, match="behaviour"):
-        RunConfig.model_validate({**base, "train": {"mode": "online", "old_logprobs": "recompute"}})
-    with pytest.raises(ValidationError, match="online. only"):
-        RunConfig.model_validate({**base, "train": {"max_staleness": 2}})
-    with pytest.raises(ValidationError, match="in-loss"):
-        RunConfig.model_validate({**base, "train": {"kl": {"importance_weighted": True, "placement": "reward"}}})
+    with pytest.raises(ValidationError, match=message):
+        RunConfig.model_validate({**base, "train": train})
 
 
 def test_shared_prompt_gives_the_same_logprobs_and_gradients(tiny_model_dir):
-    from tasks.train.trainer import Trainer, _logp, _pad, prefix_len
+    from tasks.train.forward import prefix_len, sequence_logprobs
 
-    cfg = _cfg(tiny_model_dir)
-    cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"autocast_dtype": "float32"})})
-    tr = Trainer(cfg, tiny_model_dir, log=lambda m: None)  # fp32: the two layouts must agree to rounding
+    tr = Trainer(_fp32(_cfg(tiny_model_dir)), tiny_model_dir, log=_quiet)  # the two layouts must agree to rounding
     g = torch.Generator().manual_seed(3)
     seqs = []
     for p in range(3):  # 3 prompts of different lengths x 3 samples of different lengths, multi-turn masks
@@ -184,12 +322,12 @@ def test_shared_prompt_gives_the_same_logprobs_and_gradients(tiny_model_dir):
             mask = [0] * len(prompt) + [1] * len(comp) + [0, 0] + [1, 1]
             seqs.append(TrainSequence(f"{p}{k}", ids, mask, [0.0] * len(ids), 0.0, "t", "h", "H", (0.9, 0, 1.0)))
     idx = list(range(len(seqs)))
-    ids, attn, mask, _ = _pad(seqs, idx, tr.pad_id)
+    ids, attn, mask, _ = pad_batch(seqs, idx, tr.pad_id)
 
     def run(shared):
         tr.model.zero_grad()
         kw = {"prefix_lens": [prefix_len(seqs[i]) for i in idx], "pad_id": tr.pad_id} if shared else {}
-        lp, ent = _logp(tr.model, ids, attn, mask, (0.9, 0, 1.0), tr.ac, with_entropy=True, **kw)
+        lp, ent = sequence_logprobs(tr.model, ids, attn, mask, (0.9, 0, 1.0), tr.ac, with_entropy=True, **kw)
         lp.sum().backward()
         return lp.detach(), ent, [p.grad.clone() for p in tr.params]
 
@@ -207,8 +345,8 @@ def test_saved_adapter_config_is_byte_stable_across_processes(tiny_model_dir, tm
     import sys
 
     code = ("import sys; from pathlib import Path; from tests.train.test_trainer import _cfg, _seqs;"
-            "from tasks.train.trainer import train;"
-            "train(_cfg(Path(sys.argv[1]), steps=1), Path(sys.argv[1]), _seqs(), Path(sys.argv[2]), log=lambda m: None)")
+            "from tasks.train.loops import train;"
+            "train(_cfg(Path(sys.argv[1])), Path(sys.argv[1]), _seqs(), Path(sys.argv[2]), log=lambda m: None)")
     outs = []
     for seed in ("1", "2"):
         out = tmp_path / f"a{seed}"

@@ -100,6 +100,7 @@ class _Worker:
             stderr=self.log, env=env, text=True, encoding="utf-8", start_new_session=True, cwd=tempfile.gettempdir(),
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
+        self.lock = threading.Lock()  # one request in flight: replies come back in request order
         threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True).start()
         # killed with its process group if the owner is collected or the interpreter exits
         self._finalizer = weakref.finalize(self, _kill_group, self.proc, self.log.name)
@@ -136,14 +137,16 @@ class _Worker:
                 return msg
 
     def request(self, obj: dict, timeout_s: float, what: str) -> dict:
-        if self.proc.poll() is not None:
-            raise EngineError(f"vllm worker is not running (status {self.proc.returncode}); log tail:\n{self.log_tail()}")
-        try:
-            self.proc.stdin.write(json.dumps(obj) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError) as e:
-            raise EngineError(f"vllm worker closed its input ({e}); log tail:\n{self.log_tail()}") from None
-        return self.receive(timeout_s, what)
+        with self.lock:
+            if self.proc.poll() is not None:
+                raise EngineError(f"vllm worker is not running (status {self.proc.returncode}); log tail:\n"
+                                  f"{self.log_tail()}")
+            try:
+                self.proc.stdin.write(json.dumps(obj) + "\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError) as e:
+                raise EngineError(f"vllm worker closed its input ({e}); log tail:\n{self.log_tail()}") from None
+            return self.receive(timeout_s, what)
 
     def close(self, timeout_s: float = 30.0) -> None:
         if self.proc.poll() is None:
@@ -295,6 +298,41 @@ class VLLMPolicy:
             raise EngineError(f"vllm: {len(outs)} completions for {len(prompts)} prompts")
         return [to_generation("vllm", o["token_ids"], o["logprobs"], o["finish_reason"], self.eos_id,
                               sampling.max_new_tokens, self.tokenizer) for o in outs]
+
+    def load_weights(self, state: dict[str, Any]) -> dict[str, float]:
+        """Load ``state`` (``{checkpoint name: tensor}``, e.g. a trainer's merged LoRA weights from
+        :meth:`tasks.train.trainer.Trainer.merged_state`) into the running engine in place, with
+        vLLM's ``reload_weights``; modules absent from ``state`` keep their weights. The tensors
+        travel through a safetensors file in shared memory (``/dev/shm`` when it exists), removed
+        afterwards. Returns ``{"seconds", "names"}`` (the worker's load time, tensors loaded).
+
+        Only for an engine serving the base model (no LoRA adapter): raises EngineError otherwise,
+        or when the worker fails to load."""
+        from safetensors.torch import save_file
+
+        if self.adapter_dir is not None or self._merged_dir is not None:
+            raise EngineError("vllm: load_weights needs an engine started on the base model (no adapter)")
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="harnessrl-weights-", suffix=".safetensors", dir=shm)
+        os.close(fd)
+        try:
+            save_file({k: v.contiguous() for k, v in state.items()}, path)
+            reply = self._worker.request({"op": "load_weights", "path": path}, self.cfg.vllm.request_timeout_s,
+                                         "load_weights")
+        finally:
+            os.unlink(path)
+        return {"seconds": float(reply["seconds"]), "names": int(reply["names"])}
+
+    def score(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Log-probs (nats, temperature 1, no top-k/top-p) of every token after the first of each
+        token-id list under the engine's current weights (vLLM prompt log-probs): one list of
+        ``len(p) - 1`` floats per prompt. Raises EngineError as :meth:`generate`."""
+        for i, p in enumerate(prompts):
+            if len(p) < 2 or len(p) >= self.max_model_len:
+                raise EngineError(f"score: prompt {i} has {len(p)} tokens; needs 2 to {self.max_model_len - 1}")
+        reply = self._worker.request({"op": "score", "prompts": [[int(t) for t in p] for p in prompts]},
+                                     self.cfg.vllm.request_timeout_s, "score")
+        return [list(map(float, lp)) for lp in reply["logprobs"]]
 
     def close(self) -> None:
         """Stop the worker (asks it to exit, then ends its process group) and remove the merged

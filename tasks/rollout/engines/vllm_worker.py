@@ -18,6 +18,13 @@ Protocol (one JSON object per line; stdin -> requests, the private reply pipe ->
   distribution (``logprobs_mode="processed_logprobs"``: vLLM's sampler returns
   ``log_softmax`` of the float32 logits after temperature, top-k and top-p; see
   ``vllm/v1/sample/ops/topk_topp_sampler.py``).
+* ``{"op": "load_weights", "path": FILE}`` -> ``{"ok": true, "seconds": float, "names": int}``: the
+  safetensors file's tensors (checkpoint names, e.g. ``model.layers.0.self_attn.q_proj.weight``)
+  are loaded into the running engine in place by vLLM's own ``reload_weights`` (which restores
+  the layers from their kernel format, loads, and re-runs the kernels' weight processing, e.g. the
+  CPU oneDNN prepacking); the prefix cache is reset. Layers absent from the file keep their weights.
+* ``{"op": "score", "prompts": [[int]]}`` -> ``{"ok": true, "logprobs": [[float]]}``: the log-prob
+  of each prompt token after the first under the current weights (temperature 1, no top-k/p).
 * ``{"op": "shutdown"}`` -> ``{"ok": true}`` and the worker exits.
 
 Any failure is answered ``{"ok": false, "error": traceback}``. vLLM's own logging is sent to
@@ -74,6 +81,12 @@ def _serve(reply, config: dict) -> None:
             if op == "shutdown":
                 _send(reply, {"ok": True})
                 return
+            if op == "load_weights":
+                _send(reply, _load_weights(llm, req["path"]))
+                continue
+            if op == "score":
+                _send(reply, {"ok": True, "logprobs": _score(llm, req["prompts"])})
+                continue
             if op != "generate":
                 raise ValueError(f"unknown op {op!r}")
             lora = None
@@ -102,6 +115,31 @@ def _serve(reply, config: dict) -> None:
             _send(reply, {"ok": True, "outputs": outputs})
         except Exception:  # answered, not raised: the engine turns it into an exception
             _send(reply, {"ok": False, "error": traceback.format_exc()})
+
+
+def _load_weights(llm, path: str) -> dict:
+    import time
+
+    from safetensors.torch import load_file
+
+    t0 = time.perf_counter()
+    state = load_file(path)
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items()), "is_checkpoint_format": True})
+    llm.reset_prefix_cache()
+    return {"ok": True, "seconds": time.perf_counter() - t0, "names": len(state)}
+
+
+def _score(llm, prompts: list) -> list:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0, top_k=0, prompt_logprobs=0, detokenize=False)
+    results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    out = []
+    for p, r in zip(prompts, results):
+        lps = r.prompt_logprobs or []
+        out.append([float(step[t].logprob) for t, step in zip(p[1:], lps[1:])])
+    return out
 
 
 def _send(reply, obj: dict) -> None:

@@ -1,0 +1,140 @@
+"""Forward passes of the trainer: padding a set of sequences, log-probs of their policy tokens,
+and the shared-prompt computation that runs each distinct first prompt once.
+
+Every function here is shape-level plumbing with no RL choice in it; the objectives live in
+``losses``, ``kl`` and ``advantages``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tasks.train.sequences import TrainSequence
+
+
+def prefix_len(s: TrainSequence) -> int:
+    """Length of a sequence's first prompt: the tokens before its first policy token."""
+    return s.mask.index(1) if 1 in s.mask else len(s.ids)
+
+
+def micro_batches(seqs: list[TrainSequence], micro: int) -> list[list[int]]:
+    """Micro-batches of indices into ``seqs``: one sampling setting per micro-batch, the samples
+    of one prompt side by side (their prompt is then computed once), ordered by length so that
+    little padding is computed. The accumulated gradient does not depend on how sequences are
+    grouped: every micro-batch uses the mini-batch's global denominators."""
+    by_key: dict[tuple[float, int, float], list[int]] = {}
+    for i, s in enumerate(seqs):
+        by_key.setdefault(s.sampling_key, []).append(i)
+    out = []
+    for key in sorted(by_key):
+        first = {i: tuple(seqs[i].ids[: prefix_len(seqs[i])]) for i in by_key[key]}
+        longest: dict[tuple[int, ...], int] = {}
+        for i in by_key[key]:
+            longest.setdefault(first[i], len(seqs[i].ids))
+        idx = sorted(by_key[key], key=lambda i: (longest[first[i]], first[i], len(seqs[i].ids), i))
+        out += [idx[j:j + micro] for j in range(0, len(idx), micro)]
+    return out
+
+
+def pad_batch(seqs: list[TrainSequence], idx: list[int], pad_id: int) -> tuple[Any, Any, Any, Any]:
+    """Right-padded tensors for ``seqs[i] for i in idx``: ``(ids [B, L] long, attention [B, L]
+    long, target mask [B, L-1] float32, behaviour log-probs [B, L-1] float32)``; target position
+    p predicts ``ids[:, p + 1]``."""
+    import torch
+
+    width = max(len(seqs[i].ids) for i in idx)
+    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(idx), width), dtype=torch.long)
+    mask = torch.zeros((len(idx), width), dtype=torch.float32)
+    blogp = torch.zeros((len(idx), width), dtype=torch.float32)
+    for r, i in enumerate(idx):
+        s = seqs[i]
+        n = len(s.ids)
+        ids[r, :n] = torch.tensor(s.ids)
+        attn[r, :n] = 1
+        mask[r, :n] = torch.tensor(s.mask, dtype=torch.float32)
+        blogp[r, :n] = torch.tensor(s.behaviour_logp, dtype=torch.float32)
+    return ids, attn, mask[:, 1:], blogp[:, 1:]
+
+
+def hidden_shared_prefix(decoder: Any, ids: Any, attn: Any, sel: Any, prefix_lens: list[int], pad_id: int) -> Any:
+    """Final hidden states ``[N, H]`` at the selected target positions (``sel`` ``[B, L-1]``
+    bool), computing each distinct first prompt once: the G samples of a GRPO group share their
+    prompt, so its keys and values are computed for one row and gathered for the others (the
+    gather is differentiable, so the gradient through the prompt is the same as without
+    sharing). Prompts are left-padded, completions right-padded; position ids are the true
+    positions.
+    """
+    import torch
+
+    n = ids.shape[0]
+    lengths = attn.sum(-1).tolist()
+    uniq: dict[tuple[int, ...], int] = {}
+    j_idx = [uniq.setdefault(tuple(ids[r, : prefix_lens[r]].tolist()), len(uniq)) for r in range(n)]
+    prompts = list(uniq)
+    width = max(len(p) for p in prompts)
+    p_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    p_attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for j, p in enumerate(prompts):
+        p_ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        p_attn[j, width - len(p):] = 1
+    dev = ids.device
+    p_ids, p_attn = p_ids.to(dev), p_attn.to(dev)
+    out_p = decoder(input_ids=p_ids, attention_mask=p_attn, position_ids=(p_attn.cumsum(-1) - 1).clamp_min(0),
+                    use_cache=True)
+    j = torch.tensor(j_idx, device=dev)
+    cache = out_p.past_key_values
+    cache.batch_select_indices(j)
+    f = torch.tensor(prefix_lens, device=dev)
+    s_len = max(1, max(L - fr for L, fr in zip(lengths, prefix_lens)))
+    s_ids = torch.full((n, s_len), pad_id, dtype=torch.long, device=dev)
+    s_attn = torch.zeros((n, s_len), dtype=torch.long, device=dev)
+    for r in range(n):
+        k = lengths[r] - prefix_lens[r]
+        s_ids[r, :k] = ids[r, prefix_lens[r]: lengths[r]]
+        s_attn[r, :k] = 1
+    out_s = decoder(input_ids=s_ids, attention_mask=torch.cat([p_attn[j], s_attn], 1),
+                    position_ids=f[:, None] + torch.arange(s_len, device=dev)[None], past_key_values=cache,
+                    use_cache=True)
+    # hid[:, u] is the hidden state at full position prefix_len - 1 + u
+    hid = torch.cat([out_p.last_hidden_state[:, -1][j][:, None], out_s.last_hidden_state], 1)
+    rows, qs = sel.nonzero(as_tuple=True)
+    return hid[rows.to(dev), (qs.to(dev) - (f[rows.to(dev)] - 1))]
+
+
+def sequence_logprobs(model: Any, ids: Any, attn: Any, mask: Any, key: tuple[float, int, float],
+                      autocast_ctx: Callable[[], Any], with_entropy: bool = False, *,
+                      prefix_lens: list[int] | None = None, pad_id: int = 0) -> tuple[Any, Any]:
+    """``[B, L-1]`` float32 log-probs of ``ids[:, 1:]`` under the sampler's processed
+    distribution ``key`` = (temperature, top_k, top_p) (and entropies, nats), computed only where
+    ``mask`` is 1; exactly 0 elsewhere.
+
+    The output projection (hidden -> vocabulary) and the logit processing run only at the masked
+    positions: prompt, observation and padding positions never need logits, and on multi-turn
+    episodes they are most of the sequence. With ``prefix_lens`` each distinct first prompt is
+    run once (:func:`hidden_shared_prefix`).
+    """
+    import torch
+
+    from tasks.train.logprobs import entropy_from_logits, token_logprobs
+
+    temperature, top_k, top_p = key
+    sel = mask.bool()  # [B, L-1]
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    with autocast_ctx():
+        if prefix_lens is None:
+            hidden = inner.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # [B, L-1, H]
+            hidden = hidden[sel.to(hidden.device)]
+        else:
+            hidden = hidden_shared_prefix(inner.get_decoder(), ids, attn, sel, prefix_lens, pad_id)
+        logits = inner.get_output_embeddings()(hidden)  # [N, V]
+    targets = ids[:, 1:][sel.to(ids.device)]
+    lp = token_logprobs(logits, targets, temperature=temperature, top_k=top_k or None,
+                       top_p=top_p if top_p < 1.0 else None).cpu()
+    logp = torch.zeros(sel.shape, dtype=torch.float32).index_put((sel.nonzero(as_tuple=True)), lp)
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            e = entropy_from_logits(logits.detach(), temperature=temperature).cpu()
+            ent = torch.zeros(sel.shape, dtype=torch.float32).index_put((sel.nonzero(as_tuple=True)), e)
+    return logp, ent

@@ -1,0 +1,123 @@
+"""Online training through the vLLM engine on the tiny model: the trainer's weights reach the
+running engine in place, the sync canary catches weights that did not, and the train stage samples
+fresh batches through one engine with bounded staleness. Needs .venv-vllm (scripts/setup-vllm.sh).
+
+Tolerances: float32 on both sides (see tests/rollout/test_engines_vllm.py): the engine's and the
+trainer's log-probs of the same tokens agree to ~1e-6 nats at the same weights; the updates here
+move them by > 0.05.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tasks.config import RunConfig
+from tasks.train.sequences import TrainSequence
+from tests.facilities import require_vllm_venv
+
+
+def _cfg(model_dir, **train):
+    t = {"lr": 0.05, "micro_batch_size": 8, "lora": {"r": 4, "alpha": 8}, "kl": {"beta": 0.0}, "mode": "online",
+         "steps": 2, **train}
+    return RunConfig.model_validate({
+        "name": "ov", "suites": [{"name": "basic_arithmetic", "size": 8, "seed": 3,
+                                  "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
+        "split": {"test_fraction": 0.25}, "harnesses": ["direct"], "rollout": {"samples_per_task": 2},
+        "policy": {"model": str(model_dir), "engine": "vllm", "rollout_dtype": "float32", "autocast_dtype": "float32"},
+        "train": t})
+
+
+def _quiet(_m):
+    return None
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    require_vllm_venv()
+    from tasks.rollout.stage import load_policy
+
+    pol = load_policy(_cfg(tiny_model_dir))
+    yield pol
+    pol.close()
+
+
+def _moved_trainer(model_dir):
+    """A trainer whose policy has moved away from the base model by one large step."""
+    from tasks.train.trainer import Trainer
+
+    tr = Trainer(_cfg(model_dir, lr=0.5), model_dir, log=_quiet)
+    seqs = [TrainSequence(f"s{i}", [5, 6, 7, 8 + i, 9 + i], [0, 0, 0, 1, 1], [0.0] * 5, float(i % 2), "t", "h", "H",
+                          (1.0, 0, 1.0)) for i in range(4)]
+    tr.step(tr.new_batch(seqs), [0, 1, 2, 3])
+    return tr
+
+
+def test_weights_reach_the_running_engine_and_the_canary_agrees(engine, tiny_model_dir):
+    from tasks.train.online import EngineSampler, probe_sequence
+
+    tr = _moved_trainer(tiny_model_dir)
+    probe = probe_sequence(tr.tokenizer)
+    before = engine.score([probe.ids])[0]
+    sampler = EngineSampler(engine, lambda *a: None, dtype="float32", tolerance=1e-3, log=_quiet)
+    try:
+        report = sampler.sync(tr)
+    finally:
+        sampler.close()
+    after = engine.score([probe.ids])[0]
+    want = tr.passes([probe], [0], "policy")[0]
+    idx = [p for p, m in enumerate(probe.mask[1:]) if m]
+    assert max(abs(after[p] - float(want[p])) for p in idx) < 1e-4  # the engine now samples the trained policy
+    assert max(abs(after[p] - before[p]) for p in idx) > 0.05  # ... which differs from the base model
+    assert report["max_abs_logp_diff"] < 1e-4 and report["sync_s"] > 0 and sampler.version == tr.version == 1
+
+
+def test_the_canary_stops_a_run_whose_weights_never_reached_the_engine(engine, tiny_model_dir, monkeypatch):
+    from tasks.train.online import EngineSampler, SyncError
+
+    tr = _moved_trainer(tiny_model_dir)
+    engine.load_weights(tr.merged_state("float32"))
+    tr.step(tr.new_batch([TrainSequence(f"s{i}", [5, 6, 7, 30 + i, 31], [0, 0, 0, 1, 1], [0.0] * 5, float(i % 2), "t",
+                                        "h", "H", (1.0, 0, 1.0)) for i in range(4)]), [0, 1, 2, 3])
+    # the public failure: the load "succeeds" but the weights never arrive
+    monkeypatch.setattr(engine, "load_weights", lambda state: {"seconds": 0.0, "names": len(state)})
+    sampler = EngineSampler(engine, lambda *a: None, dtype="float32", tolerance=1e-3, log=_quiet)
+    try:
+        with pytest.raises(SyncError, match="did not reach the sampler"):
+            sampler.sync(tr)
+    finally:
+        sampler.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness,versions", [(0, [0, 1, 2]), (1, [0, 0, 1])])
+def test_online_stage_samples_through_one_engine_with_bounded_staleness(tiny_model_dir, tmp_path, staleness,
+                                                                        versions):
+    require_vllm_venv()
+    from schemas import ArtifactStore
+    from tasks.records.freeze import freeze_tables
+    from tasks.train.stage import run_train
+
+    cfg = _cfg(tiny_model_dir, steps=3, max_staleness=staleness, prompts_per_step=3)
+    tasks, harnesses, records = freeze_tables(cfg)
+    store = ArtifactStore(tmp_path)
+    refs = {"tasks": store.write("freeze", "tasks", tasks), "harnesses": store.write("freeze", "harnesses", harnesses),
+            "records": store.write("freeze", "records", records)}
+    refs["episodes"] = store.write("rollout", "episodes", [], contract="episodes")
+    refs["turns"] = store.write("rollout", "turns", [], contract="turns")
+    out = run_train(store, cfg, refs)
+    steps = store.rows(out["train_steps"])
+    assert [s["policy_version_sampled"] for s in steps] == versions
+    assert max(s["staleness"] for s in steps) == staleness
+    # the batches sampled after a sync carry its canary; the first (base weights, never synced) NaN
+    syncs = [s["sync_max_abs_logp_diff"] for s in steps]
+    assert math.isnan(syncs[0]) and all(0 <= d < cfg.train.sync_tolerance for d in syncs if v > 0
+                                        for v in [versions[syncs.index(d)]] if not math.isnan(d))
+    assert all(math.isfinite(s["logp_mismatch_mean"]) or s["staleness"] > 0 for s in steps)
+    eps = store.rows(out["online_episodes"])
+    assert len(eps) == 3 * 3 * 2 and sorted({e["policy_version"] for e in eps}) == sorted(set(versions))
+    phases = store.manifest("train", "train_steps")["extra"]["phases"]
+    assert [p["iteration"] for p in phases] == [0, 1, 2] and all(p["sample_s"] > 0 for p in phases)
+    assert all(torch.isfinite(torch.tensor(p["sync_s"])) for p in phases)
