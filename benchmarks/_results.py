@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 
-def report(name: str, row: dict[str, Any]) -> Path:
-    """Print ``row`` one figure a line and append it to ``benchmarks/results/<name>.jsonl``."""
+def report(name: str, row: dict[str, Any], out: Path | None = None) -> Path:
+    """Print ``row`` one figure a line and append it to ``out`` (default
+    ``benchmarks/results/<name>.jsonl``)."""
     width = max(len(k) for k in row) + 2
     for k, v in row.items():
         print(f"{k:>{width}}: {v}")
-    out = Path(__file__).parent / "results" / f"{name}.jsonl"
+    out = out or Path(__file__).parent / "results" / f"{name}.jsonl"
     out.parent.mkdir(exist_ok=True)
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")

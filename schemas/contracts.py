@@ -161,11 +161,12 @@ EPISODES = _register(
 TURNS = _register(
     Contract(
         "turns",
-        1,
+        2,
         _s(
             ("episode_id", pa.string()),
             ("turn_idx", pa.int32()),
-            ("prompt_token_ids", pa.list_(pa.int32())),
+            ("prompt_continues", pa.bool_()),
+            ("prompt_added_ids", pa.list_(pa.int32())),
             ("completion_token_ids", pa.list_(pa.int32())),
             ("completion_logprobs", pa.list_(pa.float32())),
             ("loss_mask", pa.list_(pa.int8())),
@@ -179,11 +180,14 @@ TURNS = _register(
             ("not_null", "episode_id"),
             ("compound_unique", ("episode_id", "turn_idx")),
             ("in_set", "finish_reason", ["stop", "length"]),
+            ("not_null", "prompt_continues"),
         ],
-        "One turn. prompt_token_ids of turn t+1 extend turn t's prompt + completion exactly, except in episodes of "
-        "talkmesh harnesses: there a turn is one agent's separate message (proposal, hint or revision) with its own "
-        "prompt, and action is {kind, agent, round, talk_reward, ...} (tasks.talkmesh.episodes); such turns are "
-        "never chained into one sequence.",
+        "One turn. A turn stores the prompt tokens it adds, not its whole prompt: prompt_continues true means "
+        "prompt(t) = prompt(t-1) + completion(t-1) + prompt_added_ids (the observation and chat-format tokens); "
+        "false means prompt_added_ids is the whole prompt (turn 0, and every turn of a talkmesh episode, where a turn "
+        "is one agent's separate message (proposal, hint or revision) with its own prompt and action is {kind, agent, "
+        "round, talk_reward, ...} (tasks.talkmesh.episodes); such turns are never chained into one sequence). "
+        "tasks.rollout.turns.episode_prompts rebuilds the prompts.",
     )
 )
 

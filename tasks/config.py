@@ -18,7 +18,7 @@ from tasks.yamlfile import describe, load_mapping
 
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
 # Fields that say how a stage runs, never what it writes: left out of section hashes (cache keys).
-EXECUTION_ONLY = {"rollout": {"task_runner", "workers"}}
+EXECUTION_ONLY = {"rollout": {"task_runner", "workers", "dask_address", "ray_address"}}
 # Optional top-level sections left out of section hashes when absent, so adding one to a stage's
 # sections keeps the cache keys of configs without it.
 OPTIONAL_SECTIONS = {"arms", "sweep", "quick"}
@@ -115,18 +115,38 @@ class VLLMEngineConfig(_Strict):
 class OpenAIEngineConfig(_Strict):
     """The ``openai`` engine: an OpenAI-compatible completions server (e.g. ``vllm serve``
     started with ``--logprobs-mode processed_logprobs --generation-config vllm``) at ``base_url``
-    (``http(s)://host:port/v1``) serving ``model``. The API key is read from the environment
-    variable named ``api_key_env`` (none: the placeholder ``EMPTY``). ``timeout_s`` (seconds) bounds
-    one request, ``max_retries`` is the client's retry count, ``max_concurrency`` the number of
-    requests in flight (one request per prompt, each with its own seed).
+    (``http(s)://host:port/v1``) serving ``model``, or several servers of the same model at
+    ``base_urls`` (one of the two): requests are spread over them in turn, and a server that stops
+    answering is taken out of rotation (logged with the reason). The API key is read from the
+    environment variable named ``api_key_env`` (none: the placeholder ``EMPTY``). ``timeout_s``
+    (seconds) bounds one request, ``max_retries`` is the client's retry count on one server,
+    ``max_concurrency`` the number of requests in flight (one request per prompt, each with its own
+    seed) over all servers.
     """
 
-    base_url: str = Field(pattern=r"^https?://")
+    base_url: str | None = Field(default=None, pattern=r"^https?://")
+    base_urls: list[str] | None = None
     model: str = Field(min_length=1)
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     timeout_s: float = Field(default=300.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
     max_concurrency: int = Field(default=8, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _one_way_to_name_servers(self) -> "OpenAIEngineConfig":
+        if (self.base_url is None) == (self.base_urls is None):
+            raise ValueError("policy.openai: give base_url (one server) or base_urls (several), not "
+                             + ("both" if self.base_url else "neither"))
+        for u in self.base_urls or []:
+            if not re.match(r"^https?://", u):
+                raise ValueError(f"policy.openai.base_urls: {u!r} is not an http(s):// URL")
+        if self.base_urls is not None and (not self.base_urls or len(set(self.base_urls)) != len(self.base_urls)):
+            raise ValueError(f"policy.openai.base_urls={self.base_urls!r}: needs one or more distinct URLs")
+        return self
+
+    def urls(self) -> list[str]:
+        """The servers: ``base_urls``, or ``[base_url]``."""
+        return list(self.base_urls) if self.base_urls is not None else [str(self.base_url)]
 
 
 class PolicyConfig(_Strict):
@@ -214,14 +234,27 @@ class RolloutConfig(_Strict):
     Fan-out (also used by evaluation and online sampling; see ``tasks/rollout/fanout.py``):
     episodes are cut into shards of whole records, ``shard_size`` episodes at most (None: one shard
     per harness), run on ``task_runner`` (``serial`` in this thread, ``thread`` Prefect thread pool,
-    ``dask`` a local Dask cluster of worker processes) with ``workers`` threads or processes.
-    ``task_runner`` and ``workers`` never change the rows, so they are left out of the cache key.
+    ``dask`` Dask worker processes, ``ray`` Ray tasks) with ``workers`` threads or processes.
+    ``dask_address`` (``tcp://host:port``) names an existing Dask scheduler and ``ray_address``
+    (``host:port`` of a Ray head, or ``ray://host:port``) an existing Ray cluster; unset, the
+    runner starts a local one of ``workers`` processes for the call. The runner, its address and
+    ``workers`` never change the rows, so they are left out of the cache key.
     """
 
     samples_per_task: int = Field(default=4, ge=1)
-    task_runner: Literal["serial", "thread", "dask"] = "thread"
+    task_runner: Literal["serial", "thread", "dask", "ray"] = "thread"
     workers: int = Field(default=2, ge=1, le=64)
     shard_size: int | None = Field(default=None, ge=1)
+    dask_address: str | None = Field(default=None, pattern=r"^(tcp|tls|ucx|inproc)://\S+$")
+    ray_address: str | None = Field(default=None, pattern=r"^(ray://\S+|auto|[A-Za-z0-9_.\[\]:-]+:\d+)$")
+
+    @model_validator(mode="after")
+    def _address_of_its_runner(self) -> "RolloutConfig":
+        for key, runner in (("dask_address", "dask"), ("ray_address", "ray")):
+            if getattr(self, key) is not None and self.task_runner != runner:
+                raise ValueError(f"rollout.{key}={getattr(self, key)!r} is only used by task_runner {runner!r}, not "
+                                 f"{self.task_runner!r}")
+        return self
 
 
 class LoraConfig(_Strict):
@@ -633,8 +666,9 @@ class RunConfig(_Strict):
                 raise ValueError(f"sweep: arm name {arm!r} (arm + swept values) is not a valid checkpoint name; sweep "
                                  "values must be numbers or simple words")
             where = "train" if self.arms is None and self.sweep is None else f"arms[{arm!r}].train"
-            if tc.mode == "online" and self.rollout.task_runner == "dask":
-                raise ValueError(f"rollout.task_runner='dask' with {where}.mode='online': online sampling uses the "
+            if tc.mode == "online" and self.rollout.task_runner in ("dask", "ray"):
+                raise ValueError(f"rollout.task_runner={self.rollout.task_runner!r} with {where}.mode='online': online "
+                                 "sampling uses the "
                                  "trainer's in-memory policy, which worker processes cannot load; use task_runner "
                                  "'thread' or 'serial'")
             if tc.mode == "online" and self.policy.engine == "openai":

@@ -32,5 +32,5 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     os.environ["PREFECT_HOME"] = str(home)
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=120):  # 30 s is not enough on 2 busy cores
         yield

@@ -33,6 +33,7 @@ state the replay reached; the state's ``replay_ok`` is False and ``n_diverged`` 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from typing import Any
 from tasks.evaluate.stats import pass_at_k
 from tasks.hashing import seed_from, sha256_json
 from tasks.rollout.policy import Generation
+from tasks.rollout.turns import episode_prompts, iter_prompts
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,7 @@ def branch_states(policy: Any, spec: Any, episodes: list[dict[str, Any]], turns:
     eps = sorted((e for e in episodes if e["status"] != "infra_error"),
                  key=lambda e: (str(e.get("group_id", "")), int(e.get("sample_idx", 0)), e["episode_id"]))
     rec = _recorded_turns(turns, eps)
+    rec_prompts = {eid: [tuple(p) for p in episode_prompts(ts)] for eid, ts in rec.items()}
     t_max = max((int(e["num_turns"]) for e in eps), default=0)
     depths = range(min(t_max, max_depth) if max_depth is not None else t_max)
     cell: dict[tuple[str, int], dict[str, Any]] = {}
@@ -220,7 +223,7 @@ def branch_states(policy: Any, spec: Any, episodes: list[dict[str, Any]], turns:
         hist_rank: dict[tuple[int, ...], dict[tuple[tuple[int, ...], ...], int]] = defaultdict(dict)
         for e in at:
             ts = rec[e["episode_id"]]
-            p0 = _ids(ts[0]["prompt_token_ids"])
+            p0 = rec_prompts[e["episode_id"]][0]
             hist = tuple(_ids(ts[u]["completion_token_ids"]) for u in range(t))
             w = hist_rank[p0].setdefault(hist, len(hist_rank[p0]))
             if w == len(waves):
@@ -232,9 +235,9 @@ def branch_states(policy: Any, spec: Any, episodes: list[dict[str, Any]], turns:
             jobs, owner = [], {}
             for e in wave:
                 ts = rec[e["episode_id"]]
-                p0 = _ids(ts[0]["prompt_token_ids"])
+                p0 = rec_prompts[e["episode_id"]][0]
                 lineages[p0] = tuple(_gen(ts[u]) for u in range(t))
-                recorded[p0] = [_ids(x["prompt_token_ids"]) for x in ts]
+                recorded[p0] = rec_prompts[e["episode_id"]]
                 record = {"record_id": e.get("record_id", ""), "task_id": e["task_id"],
                           "harness_id": e["harness_id"], "harness_name": e["harness_name"]}
                 ep_seed = int(e["seed"]) if e.get("seed") is not None else seed_from(seed, e["episode_id"])
@@ -252,8 +255,8 @@ def branch_states(policy: Any, spec: Any, episodes: list[dict[str, Any]], turns:
                 eid = owner[be["episode_id"]]
                 ts = rec[eid]
                 got = bturns[be["episode_id"]]
-                ok = all(u in got and _ids(got[u]["prompt_token_ids"]) == _ids(ts[u]["prompt_token_ids"])
-                         for u in range(t + 1))
+                got_prompts = [tuple(p) for _, p in itertools.islice(iter_prompts(list(got.values())), t + 1)]
+                ok = len(got_prompts) == t + 1 and got_prompts == rec_prompts[eid][:t + 1]
                 ok = ok and all(_ids(got[u]["completion_token_ids"]) == _ids(ts[u]["completion_token_ids"])
                                 for u in range(t))
                 c = cell.setdefault((eid, t), {"n": 0, "n_infra": 0, "successes": 0, "n_diverged": 0})

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from tasks.hashing import seed_from, sha256_json
+from tasks.rollout.turns import episode_prompts
 
 Item = tuple[list[int], list[int]]
 # score(items, temperature) -> one float64 sequence log-prob (nats) per (prompt ids, completion ids) item
@@ -185,7 +186,7 @@ def log_odds_pairs(episodes: list[dict[str, Any]], turns: list[dict[str, Any]], 
     Args:
         episodes: ``episodes`` rows (episode_id, task_id, harness_id, harness_name, group_id,
             sample_idx, reward, status).
-        turns: ``turns`` rows; only ``turn_idx`` 0 is read (prompt_token_ids, completion_token_ids).
+        turns: ``turns`` rows; only ``turn_idx`` 0 is read (its whole prompt, completion_token_ids).
         specs: harness specs by harness_id (``spec.sampling.temperature`` is the scoring temperature).
         score_policy, score_ref: ``score(items, temperature) -> list[float]`` sequence log-probs
             (e.g. :func:`adapter_scorers`); each is called once per harness with all its candidates.
@@ -214,7 +215,7 @@ def log_odds_pairs(episodes: list[dict[str, Any]], turns: list[dict[str, Any]], 
         t0 = first.get(e["episode_id"])
         if t0 is None:
             raise ValueError(f"episode {e['episode_id']}: no turn with turn_idx 0 in turns")
-        states[e["harness_id"]][(e["group_id"], tuple(int(x) for x in t0["prompt_token_ids"]))].append(e)
+        states[e["harness_id"]][(e["group_id"], tuple(episode_prompts([t0])[0]))].append(e)
     rows: list[dict[str, Any]] = []
     for hid in sorted(states):
         by_group: dict[str, int] = defaultdict(int)

@@ -21,6 +21,8 @@ from typing import Any, Iterable
 
 import networkx as nx
 
+from tasks.rollout.turns import prompt_lengths
+
 SPAN_SOURCES = ("system", "skill", "instruction", "file", "page", "tool_output", "format_error")
 
 
@@ -119,7 +121,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def graph_metrics(turns: list[dict[str, Any]], arm: str, score_set: str) -> dict[str, Any]:
     """Episode-graph metrics of one arm's turns (rows with ``episode_id``, ``turn_idx``,
-    ``read_spans`` and ``prompt_token_ids``).
+    ``read_spans`` and the prompt columns, :mod:`tasks.rollout.turns`).
 
     - ``episode_skill_coverage``: fraction of episodes with at least one turn whose context held a
       ``skill`` span; ``turn_skill_coverage``: the same over turns.
@@ -152,7 +154,7 @@ def graph_metrics(turns: list[dict[str, Any]], arm: str, score_set: str) -> dict
             covered += 1
             first.append(float(ep_first))
         skill_tok.append(float(ep_tok))
-        in_tok.append(float(sum(len(t["prompt_token_ids"]) for t in ts)))
+        in_tok.append(float(sum(prompt_lengths(ts))))
     return {"arm": arm, "score_set": score_set, "episodes": len(eps), "turns": n_turns,
             "episode_skill_coverage": covered / len(eps), "turn_skill_coverage": skill_turns / n_turns,
             "mean_turns_to_first_skill_read": _mean(first), "skill_input_tokens_per_episode": _mean(skill_tok),

@@ -6,8 +6,9 @@ Order of operations (the point of sealing):
    marked, attempts, seeds, pre-registered contrasts, coverage and retry rules) is written and its
    hash committed (``evaluate/plan.json``, ``evaluate/plan.sha256``) before any attempt;
 3. every attempt runs, then up to ``infra_retries`` retries of infra_error attempts (new rows
-   referring to the original); rows are chained to the plan hash (plan order, retries after)
-   and written; then the statistics (``eval_cells``, ``eval_contrasts``) and the exports.
+   referring to the original), their turns streamed to ``eval_turns`` shard by shard; rows are
+   chained to the plan hash (plan order, retries after) and written; then the statistics
+   (``eval_cells``, ``eval_contrasts``) and the exports.
 ``harnessrl verify RUN_DIR`` recomputes everything (:func:`verify_run`).
 """
 
@@ -18,6 +19,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
 from schemas import ArtifactRef, ArtifactStore
@@ -25,7 +27,7 @@ from tasks.config import RunConfig
 from tasks.evaluate.seal import SealError, VerifyReport, plan_hash, seal_rows, verify_chain
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
-from tasks.rollout.stage import harness_specs, run_records
+from tasks.rollout.stage import harness_specs, iter_records
 from tasks.train.stage import LeakageError
 
 log = logging.getLogger("harnessrl.evaluate")
@@ -147,27 +149,38 @@ def _row(e: dict[str, Any], r: dict[str, Any], ck: dict[str, Any], attempt: int,
 
 
 def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], *,
-                 episode_runner: Callable[..., tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = None,
+                 episode_runner: Callable[..., Iterable[tuple[list[dict[str, Any]], list[dict[str, Any]]]]] | None = None,
                  timings: dict[str, float] | None = None) -> dict[str, ArtifactRef]:
     """Guard, plan, seal, run; write ``evaluations``, ``eval_turns`` (the attempts' turns, ``turns``
     contract, episode_id = eval_id), ``eval_cells``, ``eval_contrasts`` and the
     exports (:mod:`tasks.evaluate.exports`).
 
+    The turns are streamed (:meth:`schemas.ArtifactStore.stream`): each chunk of attempts the
+    runner yields (one shard) has its turns written before the next chunk is asked for, so the
+    stage holds one shard's turns, never all of them; the evaluation rows (one per attempt, no
+    tokens) are kept for the seal and the statistics. ``eval_turns`` is in the order the attempts
+    ran: checkpoint by checkpoint (plan order), each checkpoint's first attempts in (harness, record,
+    attempt) order, then its retries; it is committed after ``evaluations``, once every turn is
+    known to belong to a sealed row.
+
     Args:
-        episode_runner: a function with :func:`tasks.rollout.stage.run_records`'s signature and
-            return value (default: that function). The bookkeeping benchmark passes a scripted one.
-            With a talkmesh harness it is also given ``mesh_heads`` (from ``inputs["talkmesh_head"]``).
+        episode_runner: a function with :func:`tasks.rollout.stage.iter_records`'s signature,
+            yielding ``(episodes, turns)`` chunks as it does (default: that function). The
+            bookkeeping benchmark passes a scripted one. With a talkmesh harness it is also given
+            ``mesh_heads`` (from ``inputs["talkmesh_head"]``).
         timings: if given, filled with the seconds spent in each phase (``guard``, ``plan``,
-            ``attempts``, ``seal``, ``write``, ``stats``, ``exports``).
+            ``attempts`` (running them and writing their turns), ``seal``, ``write``, ``stats``,
+            ``exports``).
 
     Raises:
         LeakageError: a test-split task is in the training rollouts or train records.
-        ValueError: see :func:`build_plan`; a checkpoint's files changed since training.
+        ValueError: see :func:`build_plan`; a checkpoint's files changed since training; a turn
+            whose episode is no sealed attempt.
     """
     from tasks.evaluate.exports import write_exports
     from tasks.evaluate.stats import cell_table, contrast_table
 
-    runner = episode_runner or run_records
+    runner = episode_runner or iter_records
     tick = _Ticker(timings)
     tasks = store.rows(inputs["tasks"])
     records = store.rows(inputs["records"])
@@ -199,8 +212,18 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
         mesh_kw["mesh_heads"] = heads_from_rows(store.rows(inputs["talkmesh_head"], contract="talkmesh_head"))
     rows: list[dict[str, Any]] = []
     retries: list[dict[str, Any]] = []
-    turns: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:
+    turn_episodes: set[str] = set()
+    ch = cfg.section_hash("policy", "sandbox", "evaluate", "rollout")
+    with store.stream("evaluate", "eval_turns", contract="turns") as turns_out, \
+            tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:
+
+        def attempts(*args: Any) -> Iterator[dict[str, Any]]:
+            """The episodes of one runner call, chunk by chunk, their turns written on the way."""
+            for eps, chunk_turns in runner(*args, **mesh_kw):
+                turns_out.add(chunk_turns)
+                turn_episodes.update(t["episode_id"] for t in chunk_turns)
+                yield from eps
+
         for ck in plan["checkpoints"]:
             adapter = None
             if ck["path"]:
@@ -208,10 +231,9 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                 if sha256_dir(adapter) != ck["adapter_sha256"]:
                     raise ValueError(f"checkpoint {ck['name']}: files changed since training")
             policy = PolicySource.of(cfg, adapter)  # loaded once per process by whichever runner runs it
-            eps, ck_turns = runner(policy, cfg, specs, task_by_id, plan_recs, plan["attempts"],
-                                   seed_from(plan["seed"], ck["name"]), f"eval:{ck['name']}", **mesh_kw)
-            turns += ck_turns
-            ck_rows = [_row(e, e["record"], ck, e["sample_idx"], 0, "") for e in eps]
+            ck_rows = [_row(e, e["record"], ck, e["sample_idx"], 0, "")
+                       for e in attempts(policy, cfg, specs, task_by_id, plan_recs, plan["attempts"],
+                                         seed_from(plan["seed"], ck["name"]), f"eval:{ck['name']}")]
             rows += ck_rows
             pending = [r for r in ck_rows if r["status"] == "infra_error"]
             for n in range(1, plan["infra_retries"] + 1):
@@ -221,32 +243,31 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                 for a in sorted({r["attempt"] for r in pending}):
                     orig = {r["record_id"]: r for r in pending if r["attempt"] == a}
                     recs = [rec_by_id[i] for i in sorted(orig)]
-                    eps, retry_turns = runner(policy, cfg, specs, task_by_id, recs, 1,
-                                              seed_from(plan["seed"], ck["name"], "retry", n, a),
-                                              f"eval:{ck['name']}:retry{n}:attempt{a}", **mesh_kw)
-                    turns += retry_turns
-                    again += [_row(e, e["record"], ck, a, n, orig[e["record"]["record_id"]]["eval_id"]) for e in eps]
+                    again += [_row(e, e["record"], ck, a, n, orig[e["record"]["record_id"]]["eval_id"])
+                              for e in attempts(policy, cfg, specs, task_by_id, recs, 1,
+                                                seed_from(plan["seed"], ck["name"], "retry", n, a),
+                                                f"eval:{ck['name']}:retry{n}:attempt{a}")]
                 log.info("%s: retry %d of %d infra_error attempt(s): %d still infra_error", ck["name"], n, len(pending),
                          sum(r["status"] == "infra_error" for r in again))
                 retries += again
                 pending = [r for r in again if r["status"] == "infra_error"]
-    tick("attempts")
-    order = {(p["record_id"]): i for i, p in enumerate(plan["records"])}
-    ck_order = {c["name"]: i for i, c in enumerate(plan["checkpoints"])}
-    key = lambda r: (r["retry"], ck_order[r["checkpoint"]], order[r["record_id"]], r["attempt"])  # noqa: E731
-    rows.sort(key=key)
-    retries.sort(key=key)
-    sealed = seal_rows(rows + retries, ph)
-    tick("seal")
-    ch = cfg.section_hash("policy", "sandbox", "evaluate", "rollout")
-    ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()), config_hash=ch,
-                      extra={"plan_hash": ph})
-    # every turn of every attempt (episode_id = eval_id), in sealed-row order: what the analyses
-    # read (action distributions, visited states); the sealed rows stay the record of results
-    seq = {r["eval_id"]: r["seq"] for r in sealed}
-    turns.sort(key=lambda t: (seq[t["episode_id"]], t["turn_idx"]))
-    turns_ref = store.write("evaluate", "eval_turns", turns, contract="turns", inputs=[ref], config_hash=ch,
-                            extra={"plan_hash": ph})
+        tick("attempts")
+        order = {(p["record_id"]): i for i, p in enumerate(plan["records"])}
+        ck_order = {c["name"]: i for i, c in enumerate(plan["checkpoints"])}
+        key = lambda r: (r["retry"], ck_order[r["checkpoint"]], order[r["record_id"]], r["attempt"])  # noqa: E731
+        rows.sort(key=key)
+        retries.sort(key=key)
+        sealed = seal_rows(rows + retries, ph)
+        tick("seal")
+        stray = turn_episodes - {r["eval_id"] for r in sealed}
+        if stray:
+            raise ValueError(f"evaluate: turns of {len(stray)} episode(s) that are no sealed attempt, e.g. "
+                             f"{sorted(stray)[0]}")
+        ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()), config_hash=ch,
+                          extra={"plan_hash": ph})
+        # every turn of every attempt (episode_id = eval_id): what the analyses read (action
+        # distributions, visited states); the sealed rows stay the record of results
+        turns_ref = turns_out.commit(inputs=[ref], config_hash=ch, extra={"plan_hash": ph})
     tick("write")
     cells = cell_table(sealed, plan, plan["min_graded_fraction"])
     contrasts = contrast_table(sealed, plan, cells, alpha=plan["alpha"], resamples=plan["bootstrap_resamples"],

@@ -12,11 +12,21 @@ runner (``rollout.task_runner``):
   The policy is shared; its ``generate`` calls are serialised by a process-wide lock (the engine
   seeds torch's global RNG), so what overlaps is the harness work: tool runs in the sandbox,
   parsing, grading;
-- ``dask``: ``prefect_dask.DaskTaskRunner`` over a ``distributed.LocalCluster`` of
-  ``rollout.workers`` worker processes (one thread each), started for the call and closed after.
-  Each worker process loads the policy once (:func:`cached_policy`) from a :class:`PolicySource`.
-  When the calling process already has a default Dask client (``distributed.get_client()``),
-  prefect-dask runs the shards on that client's cluster instead of starting one.
+- ``dask``: ``prefect_dask.DaskTaskRunner``. With ``rollout.dask_address`` (``tcp://host:8786``)
+  the shards run on that existing scheduler's workers; without it, on a ``distributed.LocalCluster``
+  of ``rollout.workers`` worker processes (one thread each), started for the call and closed
+  after. When the calling process already has a default Dask client
+  (``distributed.get_client()``), prefect-dask runs the shards on that client's cluster instead.
+- ``ray``: ``prefect_ray.RayTaskRunner``. With ``rollout.ray_address`` (``host:6379`` or
+  ``ray://host:10001``) the shards run on that existing Ray cluster; without it, on a local Ray
+  instance of ``rollout.workers`` CPUs started for the call. One shard is one Ray task (1 CPU).
+
+On ``dask`` and ``ray`` each worker process loads the policy once (:func:`cached_policy`) from a
+:class:`PolicySource`. A worker process that dies mid-shard (killed, out of memory) is handled by
+the engine: the Dask scheduler reschedules the shard on a live worker (up to its
+``distributed.scheduler.allowed-failures``, default 3, then ``KilledWorker``), Ray resubmits the
+task (``max_retries``, default 3). A shard is a pure function of its input, so a rerun gives the
+same rows. An exception raised by a shard is not retried: it fails the call, naming the shard.
 
 Results are merged in shard order, so the rows are identical whatever the runner and the worker
 count. The shard layout is a function of (records, samples, ``rollout.shard_size``) only, and the
@@ -42,7 +52,7 @@ from tasks.hashing import seed_from, sha256_dir, sha256_json
 
 log = logging.getLogger("harnessrl.rollout")
 
-RUNNERS = ("serial", "thread", "dask")
+RUNNERS = ("serial", "thread", "dask", "ray")
 
 
 class ShardError(RuntimeError):
@@ -294,9 +304,20 @@ def _task_runner(rc: RolloutConfig) -> Any:
     if rc.task_runner == "dask":
         from prefect_dask import DaskTaskRunner
 
+        if rc.dask_address is not None:
+            return DaskTaskRunner(address=rc.dask_address)
         return DaskTaskRunner(cluster_class="distributed.LocalCluster",
                               cluster_kwargs={"n_workers": rc.workers, "threads_per_worker": 1, "processes": True,
                                               "dashboard_address": ":0", "silence_logs": logging.WARNING})
+    if rc.task_runner == "ray":
+        try:
+            from prefect_ray import RayTaskRunner
+        except ImportError:
+            raise ValueError("rollout.task_runner='ray' needs prefect-ray and ray: pip install -e '.[ray]'") from None
+
+        if rc.ray_address is not None:
+            return RayTaskRunner(address=rc.ray_address, init_kwargs={"log_to_driver": False})
+        return RayTaskRunner(init_kwargs={"num_cpus": rc.workers, "include_dashboard": False, "log_to_driver": False})
     raise ValueError(f"rollout.task_runner={rc.task_runner!r}: not one of {RUNNERS}")
 
 
@@ -307,7 +328,7 @@ def _shared_api(rc: RolloutConfig) -> Iterator[None]:
     database. Name this process's server in the settings the workers receive instead."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
 
-    if rc.task_runner != "dask" or PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+    if rc.task_runner not in ("dask", "ray") or PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         yield
         return
     from prefect.server.api.server import SubprocessASGIServer
@@ -319,46 +340,60 @@ def _shared_api(rc: RolloutConfig) -> Iterator[None]:
 
 
 def fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> list[dict[str, Any]]:
-    """Run every shard on ``rc.task_runner`` and return their results in shard order.
+    """:func:`iter_fan_out` as a list: every shard's result, in shard order."""
+    return list(iter_fan_out(inputs, policy, rc))
+
+
+def iter_fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> Iterator[dict[str, Any]]:
+    """Run every shard on ``rc.task_runner`` and yield their results in shard order, each as soon
+    as it and the shards before it are done (the caller can write one shard's rows before the
+    next arrives; on ``dask`` and ``ray`` every shard is submitted at once).
 
     Args:
         inputs: the shards, in merge order.
         policy: a :class:`PolicySource`, or a policy object (``serial`` and ``thread`` only: a
             policy that exists only in this process cannot reach worker processes).
-        rc: the rollout config (``task_runner``, ``workers``).
+        rc: the rollout config (``task_runner``, ``workers``, ``dask_address``, ``ray_address``).
 
     Raises:
-        ValueError: a policy object with the ``dask`` runner.
+        ValueError: a policy object with the ``dask`` or ``ray`` runner.
         ShardError: a shard failed; the first failure in shard order, naming it.
     """
     from tasks.progress import progress
 
     total = sum(inp.shard.episodes for inp in inputs)
     if rc.task_runner == "serial":
-        out = []
         with progress(f"episodes ({len(inputs)} shards, serial)", total, "episodes") as advance:
             for inp in inputs:
                 try:
-                    out.append(run_shard(inp, policy))
+                    res = run_shard(inp, policy)
                 except Exception as e:
                     raise ShardError(f"rollout {inp.shard.label} failed (runner serial): {type(e).__name__}: {e}") from e
                 advance(inp.shard.episodes)
-        return out
+                yield res
+        return
     if rc.task_runner != "thread" and not isinstance(policy, PolicySource):
         raise ValueError(f"rollout.task_runner={rc.task_runner!r} loads the policy in worker processes and needs a "
                          f"PolicySource; policy {getattr(policy, 'policy_id', policy)!r} exists only in this process "
                          "(use task_runner 'thread' or 'serial')")
     shard_task = _shard_task()
+    where = _where(rc)
     with _shared_api(rc), _task_runner(rc) as runner:
         futures = [runner.submit(shard_task, {"inp": inp, "policy": policy}) for inp in inputs]
-        out = []
-        with progress(f"episodes ({len(inputs)} shards, {rc.task_runner} x{rc.workers})", total,
-                      "episodes") as advance:
+        with progress(f"episodes ({len(inputs)} shards, {where})", total, "episodes") as advance:
             for inp, fut in zip(inputs, futures):
                 try:
-                    out.append(fut.result())
+                    res = fut.result()
                 except Exception as e:
-                    raise ShardError(f"rollout {inp.shard.label} failed (runner {rc.task_runner}, {rc.workers} "
-                                     f"workers): {type(e).__name__}: {e}") from e
+                    raise ShardError(f"rollout {inp.shard.label} failed (runner {where}): {type(e).__name__}: {e}") from e
                 advance(inp.shard.episodes)
-    return out
+                yield res
+
+
+def _where(rc: RolloutConfig) -> str:
+    """The runner as error messages and progress bars name it."""
+    if rc.task_runner == "dask" and rc.dask_address:
+        return f"dask at {rc.dask_address}"
+    if rc.task_runner == "ray" and rc.ray_address:
+        return f"ray at {rc.ray_address}"
+    return f"{rc.task_runner}, {rc.workers} workers"

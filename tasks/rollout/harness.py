@@ -12,7 +12,9 @@ episode still running; their tool calls then run concurrently (each in its own s
 
 Token accounting: each turn's prompt is the previous turn's prompt + completion + the observation
 ids, never re-tokenised; an episode whose prompt would not extend its previous one exactly raises
-(it would be unusable for training). Observation tokens are outside every completion, so the
+(it would be unusable for training). A turn row stores only what its prompt adds (the first turn:
+the whole prompt; later turns: the observation and chat-format tokens), so an episode's storage
+grows linearly with its context; :func:`tasks.rollout.turns.episode_prompts` rebuilds the prompts. Observation tokens are outside every completion, so the
 trainer's loss mask gives them 0. ``read_spans`` record which system, skill, instruction, file,
 page or tool-output text entered the context at which turn and at which token positions.
 """
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from schemas.faults import fault_point
 from tasks.config import SandboxConfig
 from tasks.harnesses.actions import ParsedReply, fallback_answer, last_code_block, parse_reply
 from tasks.harnesses.spec import HarnessSpec, SamplingSpec, render
@@ -36,6 +39,7 @@ from tasks.rollout.browser import BrowserError
 from tasks.rollout.policy import ChatFormat, Generation
 from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
 from tasks.rollout.sandbox.base import SandboxPathError
+from tasks.rollout.turns import first_turn, next_turn
 
 
 log = logging.getLogger("harnessrl.harness")
@@ -127,6 +131,10 @@ class _Episode:
     job: EpisodeJob
     env: EpisodeEnv
     prompt: list[int] = field(default_factory=list)
+    # what the next turn row stores of its prompt (tasks.rollout.turns): the whole first prompt,
+    # then each turn's continuation (observation and chat-format tokens)
+    prompt_cols: dict[str, Any] = field(default_factory=dict)
+    input_tokens: int = 0
     spans0: list[dict[str, Any]] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     answer: str | None = None
@@ -183,6 +191,7 @@ def _start(ep: _Episode, spec: HarnessSpec, chat: ChatFormat, tok: Any) -> None:
                   file_list="\n".join(sorted(files)) or "(empty)", page=page)
     system = spec.render_system()
     ep.prompt = chat.initial(system, user)
+    ep.prompt_cols = first_turn(ep.prompt)
 
     def span(source: str, text: str, **extra: Any) -> dict[str, Any]:
         return {"source": source, "turn": 0, "tokens": len(tok.encode(text, add_special_tokens=False)),
@@ -364,13 +373,15 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 break
             turn_seed = seed_from(seed, spec.harness_id, turn, [e.job.episode_id for e in active])
             gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
+            fault_point(f"rollout:{spec.name}:turn:{turn}")  # crash tests: a worker dying mid-shard
             results = list(pool.map(lambda eg: _step(eg[0], spec, eg[1], turn, sandbox_cfg), zip(active, gens)))
             for e, g, (observation, obs_spans, action) in zip(active, gens, results):
                 spans = list(e.spans0) if turn == 0 else []
+                e.input_tokens += len(e.prompt)
                 row = {
                     "episode_id": e.job.episode_id,
                     "turn_idx": turn,
-                    "prompt_token_ids": list(e.prompt),
+                    **e.prompt_cols,
                     "completion_token_ids": g.token_ids,
                     "completion_logprobs": g.logprobs,
                     "loss_mask": [1] * len(g.token_ids),
@@ -402,6 +413,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                         row["action"] = canonical_json(action)
                     else:
                         e.prompt = new_prompt
+                        e.prompt_cols = next_turn(cont)
                 row["read_spans"] = canonical_json(spans)
 
         def finish(e: _Episode) -> dict[str, Any]:
@@ -424,7 +436,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 "status": e.status,
                 "stop_reason": e.stop_reason(),
                 "num_turns": len(e.turns),
-                "input_tokens": sum(len(t["prompt_token_ids"]) for t in e.turns),
+                "input_tokens": e.input_tokens,
                 "output_tokens": sum(len(t["completion_token_ids"]) for t in e.turns),
                 "final_answer": e.answer,
                 "error": e.error,

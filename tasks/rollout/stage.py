@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from schemas import ArtifactRef, ArtifactStore
@@ -41,15 +42,7 @@ def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], task
                 records: list[dict[str, Any]], samples: int, seed: int, tag: str, *,
                 mesh_heads: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``samples`` episodes per record under its harness, fanned out over ``cfg.rollout``'s task
-    runner (see :mod:`tasks.rollout.fanout`). Records of ``talkmesh`` harnesses are run in this
-    process by :func:`tasks.talkmesh.episodes.run_mesh_records` (one mesh run per episode), with
-    their fitted confidence head from ``mesh_heads`` (harness_id -> ConfidenceHead).
-
-    Args:
-        policy: a :class:`tasks.rollout.fanout.PolicySource` (any runner; each process loads it
-            once) or a loaded policy object (runners ``serial`` and ``thread`` only).
-        samples: episodes per record; ``seed``: the call's seed; ``tag``: names the call
-            (``rollout``, ``eval:<checkpoint>``, ...) in episode ids and seeds.
+    runner (see :mod:`tasks.rollout.fanout`): :func:`iter_records` with its chunks joined.
 
     Returns:
         ``(episodes, turns)``: episode dicts as ``run_episodes`` makes them plus ``record``,
@@ -57,82 +50,100 @@ def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], task
         turn rows in the same episode order. Episode ids are content hashes of (record, tag,
         policy, sample index, seed). The rows do not depend on ``task_runner`` or ``workers``.
 
+    Raises: see :func:`iter_records`.
+    """
+    episodes: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
+    for eps, ts in iter_records(policy, cfg, specs, tasks, records, samples, seed, tag, mesh_heads=mesh_heads):
+        episodes += eps
+        turns += ts
+    return episodes, turns
+
+
+def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tasks: dict[str, dict[str, Any]],
+                 records: list[dict[str, Any]], samples: int, seed: int, tag: str, *,
+                 mesh_heads: dict[str, Any] | None = None
+                 ) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Run ``samples`` episodes per record under its harness and yield ``(episodes, turns)`` one
+    chunk at a time, in (harness name, record id, sample) order: one chunk per shard of
+    :mod:`tasks.rollout.fanout` (on every runner), and one per ``talkmesh`` harness, whose records
+    are run in this process by :func:`tasks.talkmesh.episodes.run_mesh_records` (one mesh run per
+    episode) with their fitted confidence head from ``mesh_heads`` (harness_id -> ConfidenceHead).
+    A caller that writes each chunk before asking for the next holds one shard's turns at a time.
+
+    Args:
+        policy: a :class:`tasks.rollout.fanout.PolicySource` (any runner; each process loads it
+            once) or a loaded policy object (runners ``serial`` and ``thread`` only).
+        samples: episodes per record; ``seed``: the call's seed; ``tag``: names the call
+            (``rollout``, ``eval:<checkpoint>``, ...) in episode ids and seeds.
+
+    Yields:
+        ``(episodes, turns)`` as :func:`run_records` returns them, for the chunk's episodes.
+
     Raises:
         tasks.rollout.fanout.ShardError: a shard failed (the message names it).
-        ValueError: a policy object with the ``dask`` runner; or a shard's episodes came back in
-            another order than its jobs (an engine contract violation); a talkmesh harness with
-            no head in ``mesh_heads``.
+        ValueError: a policy object with the ``dask`` or ``ray`` runner; or a shard's episodes
+            came back in another order than its jobs (an engine contract violation); a talkmesh
+            harness with no head in ``mesh_heads``.
     """
-    from tasks.rollout.fanout import PolicySource, cached_policy, pin_torch_threads, release_policy, torch_threads
+    from tasks.rollout.fanout import (PolicySource, ShardInput, cached_policy, iter_fan_out, pin_torch_threads,
+                                      plan_shards, release_policy, torch_threads)
     from tasks.talkmesh.episodes import hidden_states, is_mesh, run_mesh_records
 
     mesh_ids = {r["harness_id"] for r in records if r["harness_id"] in specs and is_mesh(specs[r["harness_id"]])}
-    if not mesh_ids:
-        return _run_engine_records(policy, cfg, specs, tasks, records, samples, seed, tag)
     missing = sorted(specs[h].name for h in mesh_ids if h not in (mesh_heads or {}))
     if missing:
         raise ValueError(f"{tag}: talkmesh harness(es) {missing} have no fitted confidence head (the rollout stage's "
                          "talkmesh_head artifact)")
-    by_hid: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
-    plain = [r for r in records if r["harness_id"] not in mesh_ids]
-    if plain:
-        eps, turns = _run_engine_records(policy, cfg, specs, tasks, plain, samples, seed, tag)
-        for hid in dict.fromkeys(e["record"]["harness_id"] for e in eps):
-            ids = {e["episode_id"] for e in eps if e["record"]["harness_id"] == hid}
-            by_hid[hid] = ([e for e in eps if e["episode_id"] in ids], [t for t in turns if t["episode_id"] in ids])
-    pin_torch_threads(torch_threads(cfg))  # as run_shard does: the thread count changes CPU reduction order
-    loaded = cached_policy(policy) if isinstance(policy, PolicySource) else policy
-    try:
-        for hid in sorted(mesh_ids, key=lambda h: (specs[h].name, h)):
-            by_hid[hid] = run_mesh_records(loaded, cfg, specs[hid], hid, tasks,
-                                           [r for r in records if r["harness_id"] == hid], samples, seed, tag,
-                                           mesh_heads[hid], hidden_states(cfg, specs[hid]))  # type: ignore[index]
-    finally:
-        if isinstance(policy, PolicySource):
-            release_policy(policy)
-    episodes, turns = [], []
-    for hid in sorted(by_hid, key=lambda h: (specs[h].name, h)):
-        episodes += by_hid[hid][0]
-        turns += by_hid[hid][1]
-    return episodes, turns
-
-
-def _run_engine_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tasks: dict[str, dict[str, Any]],
-                        records: list[dict[str, Any]], samples: int, seed: int, tag: str
-                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """:func:`run_records` for harnesses the engine runs (every loop type but talkmesh)."""
-    from tasks.rollout.fanout import (PolicySource, ShardInput, episode_jobs, fan_out, plan_shards, release_policy,
-                                      torch_threads)
-
     rc = cfg.rollout
     threads = torch_threads(cfg)
-    by_id = {r["record_id"]: r for r in records}
-    shards = plan_shards(records, specs, samples, rc.shard_size)
+    plain = [r for r in records if r["harness_id"] not in mesh_ids]
+    by_id = {r["record_id"]: r for r in plain}
+    shards = plan_shards(plain, specs, samples, rc.shard_size) if plain else []
     inputs = []
     for sh in shards:
         recs = [by_id[i] for i in sh.record_ids]
         inputs.append(ShardInput(sh, specs[sh.harness_id], recs, {r["task_id"]: tasks[r["task_id"]] for r in recs},
                                  seed, tag, cfg.sandbox, threads))
+    results = iter_fan_out(inputs, policy, rc)  # lazy: nothing runs before the first next()
+    pending = list(inputs)  # in harness-name order, as hids below
+    hids = sorted({r["harness_id"] for r in records}, key=lambda h: (specs[h].name, h))
     try:
-        results = fan_out(inputs, policy, rc)
+        for hid in hids:
+            if hid in mesh_ids:
+                pin_torch_threads(threads)  # as run_shard does: the thread count changes CPU reduction order
+                loaded = cached_policy(policy) if isinstance(policy, PolicySource) else policy
+                yield run_mesh_records(loaded, cfg, specs[hid], hid, tasks,
+                                       [r for r in records if r["harness_id"] == hid], samples, seed, tag,
+                                       mesh_heads[hid], hidden_states(cfg, specs[hid]))  # type: ignore[index]
+                continue
+            n_eps, reward = 0, 0.0
+            while pending and pending[0].shard.harness_id == hid:
+                inp = pending.pop(0)
+                res = next(results)
+                eps = _checked_shard(inp, res, samples, seed, tag)
+                n_eps += len(eps)
+                reward += sum(e["reward"] for e in eps)
+                yield eps, res["turns"]
+            log.info("%s: %s: %d episodes, mean reward %.3f", tag, specs[hid].name, n_eps, reward / max(n_eps, 1))
     finally:
-        if isinstance(policy, PolicySource) and rc.task_runner in ("serial", "thread"):
+        results.close()
+        if isinstance(policy, PolicySource) and (mesh_ids or rc.task_runner in ("serial", "thread")):
             release_policy(policy)
-    episodes, turns = [], []
-    for inp, res in zip(inputs, results):
-        jobs = episode_jobs(inp.records, inp.tasks, samples, seed, tag, res["policy_id"])
-        got = [e["episode_id"] for e in res["episodes"]]
-        if got != [j.episode_id for j in jobs]:
-            raise ValueError(f"{inp.shard.label}: the engine returned episodes {got[:3]}... out of job order")
-        for e, j in zip(res["episodes"], jobs):
-            e.update(record=j.record, sample_idx=j.sample_idx, seed=j.seed, policy_id=res["policy_id"])
-        episodes += res["episodes"]
-        turns += res["turns"]
-    for hid in dict.fromkeys(sh.harness_id for sh in shards):
-        eps = [e for e in episodes if e["record"]["harness_id"] == hid]
-        log.info("%s: %s: %d episodes, mean reward %.3f", tag, specs[hid].name, len(eps),
-                 sum(e["reward"] for e in eps) / max(len(eps), 1))
-    return episodes, turns
+
+
+def _checked_shard(inp: Any, res: dict[str, Any], samples: int, seed: int, tag: str) -> list[dict[str, Any]]:
+    """A shard's episodes with ``record``, ``sample_idx``, ``seed`` and ``policy_id`` added, after
+    checking they came back in job order (ValueError otherwise)."""
+    from tasks.rollout.fanout import episode_jobs
+
+    jobs = episode_jobs(inp.records, inp.tasks, samples, seed, tag, res["policy_id"])
+    got = [e["episode_id"] for e in res["episodes"]]
+    if got != [j.episode_id for j in jobs]:
+        raise ValueError(f"{inp.shard.label}: the engine returned episodes {got[:3]}... out of job order")
+    for e, j in zip(res["episodes"], jobs):
+        e.update(record=j.record, sample_idx=j.sample_idx, seed=j.seed, policy_id=res["policy_id"])
+    return res["episodes"]
 
 
 def episode_rows(eps: list[dict[str, Any]], policy_id: str, policy_version: int) -> list[dict[str, Any]]:

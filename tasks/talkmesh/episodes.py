@@ -22,8 +22,9 @@ harness engine. Its pieces are those of the ``harnessrl talkmesh`` command, reus
   reward = 1.0 iff the mesh's consensus answer is graded correct; ``final_answer`` = that answer;
   ``num_turns`` = messages the agents wrote with the model.
 - **Turns**: one row per model-written message, in the order written (the N proposals, then per
-  round the hints, then the revisions). Each is a *separate* call: its ``prompt_token_ids`` are
-  that message's own prompt, not an extension of the previous turn (unlike engine episodes, so
+  round the hints, then the revisions). Each is a *separate* call: every row stores that message's
+  whole prompt (``prompt_continues`` false, :func:`tasks.rollout.turns.first_turn`), not an
+  extension of the previous turn (unlike engine episodes, so
   :func:`tasks.train.sequences.build_sequences` refuses them). ``action`` is canonical JSON
   ``{"kind": proposal|hint|revision, "agent", "round", "talk_reward", "answer", ...}``; a
   revision also carries ``hint_turn`` (the turn_idx of the hint it answered), ``proposal_correct``,
@@ -41,6 +42,7 @@ from typing import Any, Sequence
 
 from tasks.harnesses.spec import HarnessSpec
 from tasks.hashing import canonical_json, seed_from
+from tasks.rollout.turns import first_turn, iter_prompts, prompt_lengths
 from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the talkmesh_* contracts)
 from tasks.talkmesh.protocol import MeshSettings, Output, Problem, run_mesh
 
@@ -220,7 +222,7 @@ def heads_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _turn(eid: str, idx: int, out: Output, finish: str, action: dict[str, Any]) -> dict[str, Any]:
-    return {"episode_id": eid, "turn_idx": idx, "prompt_token_ids": list(out.prompt_ids),
+    return {"episode_id": eid, "turn_idx": idx, **first_turn(out.prompt_ids),
             "completion_token_ids": list(out.token_ids), "completion_logprobs": list(out.logprobs),
             "loss_mask": [1] * len(out.token_ids), "completion_text": out.text, "finish_reason": finish,
             "action": canonical_json(action), "observation": "", "read_spans": ""}
@@ -309,7 +311,7 @@ def run_mesh_records(policy: Any, cfg: Any, spec: HarnessSpec, harness_id: str, 
             out = res.results[k]
             ok = bool(out["correct"])
             ep = {"episode_id": j.episode_id, "reward": 1.0 if ok else 0.0, "success": ok, "status": "ok",
-                  "stop_reason": "submitted", "num_turns": len(turns), "input_tokens": sum(len(t["prompt_token_ids"]) for t in turns),
+                  "stop_reason": "submitted", "num_turns": len(turns), "input_tokens": sum(prompt_lengths(turns)),
                   "output_tokens": sum(len(t["completion_token_ids"]) for t in turns),
                   "final_answer": out["answer"], "error": "", "record": r, "sample_idx": s, "seed": j.seed,
                   "policy_id": policy.policy_id}
@@ -356,13 +358,13 @@ def talk_train_sequences(episodes: list[dict[str, Any]], turns: list[dict[str, A
         for e in (e for e in episodes if e["harness_id"] == hid and e["status"] == "ok"):
             ts = sorted(by_ep.get(e["episode_id"], []), key=lambda t: t["turn_idx"])
             outs, acts = [], []
-            for t in ts:
+            for t, prompt in iter_prompts(ts):
                 if not is_mesh_turn(t["action"]):
                     raise ValueError(f"episode {e['episode_id']} turn {t['turn_idx']}: not a TalkMesh message "
                                      f"(action {str(t['action'])[:60]!r})")
                 a = json.loads(t["action"])
                 acts.append(a)
-                outs.append(Output(t["completion_text"], a.get("answer"), tuple(t["prompt_token_ids"]),
+                outs.append(Output(t["completion_text"], a.get("answer"), tuple(prompt),
                                    tuple(t["completion_token_ids"]), tuple(t["completion_logprobs"])))
             prob = Problem(e["task_id"], "")
             for a, o in zip(acts, outs):

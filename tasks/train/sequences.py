@@ -1,8 +1,8 @@
 """Turn rows -> one training sequence per episode, with the loss mask and behaviour log-probs.
 
-The sequence of an episode is its last turn's prompt plus that turn's completion: because each
-turn's prompt extends the previous prompt + completion exactly, every earlier completion sits at a
-known offset. Tokens the policy generated get mask 1; system, instruction, observation and
+The sequence of an episode is its last turn's prompt plus that turn's completion, chained from the
+turns by :func:`tasks.rollout.turns.episode_sequence` (each turn stores what its prompt adds to the
+previous prompt + completion), so every completion sits at a known offset. Tokens the policy generated get mask 1; system, instruction, observation and
 tool-output tokens get mask 0 and so stay out of every loss sum and denominator.
 
 Which episodes train (:func:`build_sequences`): every episode keeps its place in its group,
@@ -63,10 +63,11 @@ def build_sequences(episodes: Iterable[dict[str, Any]], turns: Iterable[dict[str
         out (``infra_error`` always; each dropped stop reason), zero counts omitted.
 
     Raises:
-        SequenceError: an episode with no turns, or a turn whose prompt does not extend the
-            previous turn's prompt + completion; an episode of a ``talkmesh`` harness (its turns
+        SequenceError: an episode with no turns, or turns that do not chain into one sequence
+            (a gap in ``turn_idx``, a later turn that does not continue the previous one); an episode of a ``talkmesh`` harness (its turns
             are separate messages: :func:`tasks.talkmesh.episodes.talk_train_sequences`).
     """
+    from tasks.rollout.turns import TurnsError, episode_sequence
     from tasks.talkmesh.episodes import is_mesh_turn
 
     if truncated_reward not in ("zero", "graded"):
@@ -93,18 +94,14 @@ def build_sequences(episodes: Iterable[dict[str, Any]], turns: Iterable[dict[str
                 f"episode {ep['episode_id']} (harness {ep.get('harness_name', ep['harness_id'])}) is a TalkMesh run: its "
                 "turns are separate messages with their own prompts, not one growing context, and cannot be chained "
                 "into one sequence; train it with tasks.talkmesh.episodes.talk_train_sequences")
-        last = ts[-1]
-        ids = list(last["prompt_token_ids"]) + list(last["completion_token_ids"])
+        try:  # the prompt reconstruction: turns store what they add (tasks.rollout.turns)
+            ids, starts = episode_sequence(ts)
+        except TurnsError as e:
+            raise SequenceError(str(e)) from None
         mask = [0] * len(ids)
         logp = [0.0] * len(ids)
-        for t in ts:
-            start = len(t["prompt_token_ids"])
+        for t, start in zip(ts, starts):
             comp = list(t["completion_token_ids"])
-            if ids[:start] != list(t["prompt_token_ids"]) or ids[start:start + len(comp)] != comp:
-                raise SequenceError(
-                    f"episode {ep['episode_id']} turn {t['turn_idx']}: its prompt + completion is not a prefix of "
-                    "the final sequence (token accounting drift)"
-                )
             lm, lp = list(t["loss_mask"]), list(t["completion_logprobs"])
             if not (len(lm) == len(lp) == len(comp)):
                 raise SequenceError(f"episode {ep['episode_id']} turn {t['turn_idx']}: mask/logprob/token lengths differ")

@@ -135,7 +135,9 @@ def _ep(eid, group, sample, reward, harness="h1", task="t1", status="ok"):
 
 
 def _turn(eid, prompt, completion, idx=0):
-    return {"episode_id": eid, "turn_idx": idx, "prompt_token_ids": prompt, "completion_token_ids": completion}
+    # every turn here stores its whole prompt (only turn 0 is read)
+    return {"episode_id": eid, "turn_idx": idx, "prompt_continues": False, "prompt_added_ids": prompt,
+            "completion_token_ids": completion}
 
 
 def _fake_scorers(calls):

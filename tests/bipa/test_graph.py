@@ -14,7 +14,15 @@ def _sp(source, turn, tokens, sha, **kw):
 
 
 def _turn(ep, idx, spans, prompt_len):
-    return {"episode_id": ep, "turn_idx": idx, "read_spans": json.dumps(spans), "prompt_token_ids": [1] * prompt_len}
+    """A turn whose whole prompt has ``prompt_len`` tokens: turn 0 stores it, a later turn (no
+    completion here) the tokens it adds to the previous prompt (tasks.rollout.turns)."""
+    prev = _LEN.get(ep, 0) if idx else 0
+    _LEN[ep] = prompt_len
+    return {"episode_id": ep, "turn_idx": idx, "read_spans": json.dumps(spans), "prompt_continues": idx > 0,
+            "prompt_added_ids": [1] * (prompt_len - prev), "completion_token_ids": []}
+
+
+_LEN: dict[str, int] = {}
 
 
 def _turns():

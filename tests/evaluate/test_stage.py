@@ -344,3 +344,44 @@ def test_verify_cli_names_every_tampering(sealed, tmp_path, case):
     assert re.search(match, bad.output.replace("\n", " ")), bad.output
     with pytest.raises(SealError):
         verify_run(ArtifactStore(rd))
+
+
+def test_eval_turns_are_streamed_chunk_by_chunk(tmp_path, monkeypatch):
+    """Each chunk's turns are written before the runner makes the next chunk (the stage never holds
+    all turns), and eval_turns holds every turn of every sealed attempt, retries included."""
+    from schemas.store import ArtifactStream
+    from tasks.rollout.turns import by_episode, prompt_lengths
+
+    events = []
+
+    class Logged(ScriptedRunner):
+        def _chunk(self, *a):
+            out = super()._chunk(*a)
+            events.append(("made", len(out[1])))
+            return out
+
+    add = ArtifactStream.add
+    monkeypatch.setattr(ArtifactStream, "add", lambda self, rows: (events.append(("written", len(rows))),
+                                                                   add(self, rows))[1])
+    runner = Logged(p_resolve={"direct": 0.5}, infra_rate=0.1, seed=1, turns=3, context_tokens=100, chunk_records=4)
+    _, store, _, out, *_ = _run(tmp_path, _cfg(infra_retries=1), runner)
+    assert len(events) > 10 and events[0::2] == [("made", n) for _, n in events[1::2]]
+    assert {e[0] for e in events[1::2]} == {"written"}
+    rows = store.rows(out["evaluations"])
+    turns = by_episode(store.rows(out["eval_turns"]))
+    assert set(turns) == {r["eval_id"] for r in rows} and any(r["retry"] for r in rows)
+    assert all(len(ts) == 3 and prompt_lengths(ts)[-1] + len(ts[-1]["completion_token_ids"]) == 100
+               for ts in turns.values())
+
+
+def test_turns_of_an_unsealed_episode_are_refused(tmp_path):
+    class Stray(ScriptedRunner):
+        def _chunk(self, *a):
+            eps, turns = super()._chunk(*a)
+            first, self.stray_done = not getattr(self, "stray_done", False), True
+            return eps, turns + ([dict(turns[0], episode_id="not-an-attempt")] if first else [])
+
+    with pytest.raises(ValueError, match="no sealed attempt, e.g. not-an-attempt"):
+        _run(tmp_path, _cfg(), Stray(seed=1))
+    assert not (tmp_path / "run/evaluate/eval_turns.parquet").exists()
+    assert not list((tmp_path / "run/evaluate").glob(".tmp-*"))

@@ -130,3 +130,22 @@ def test_openai_engine_missing_api_key_variable(tiny_model_dir, monkeypatch):
     cfg = _cfg(tiny_model_dir, "http://127.0.0.1:9/v1", api_key_env="HARNESSRL_TEST_NO_SUCH_KEY")
     with pytest.raises(EngineError, match="HARNESSRL_TEST_NO_SUCH_KEY"):
         OpenAIPolicy(tiny_model_dir, cfg, base_model_id="tiny")
+
+
+def test_openai_engine_skips_a_dead_server_in_base_urls(vllm_server, tiny_model_dir, caplog):
+    """base_urls with a server that is not there and the real vllm serve: the dead one leaves the
+    rotation at its first request (reason logged), vllm serve answers everything."""
+    import logging
+
+    from tasks.rollout.engines import make_policy
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    cfg = PolicyConfig(model=str(tiny_model_dir), engine="openai",
+                       openai={"base_urls": [dead, vllm_server], "model": SERVED, "max_retries": 0})
+    ref = reference_model(tiny_model_dir)
+    with make_policy(tiny_model_dir, cfg, base_model_id="tiny") as pol, \
+            caplog.at_level(logging.WARNING, logger="harnessrl.rollout"):
+        mx, mean = _check(pol, ref, SAMPLINGS[0], seed=3)
+        assert list(pol.out_of_rotation) == [dead]
+    assert mx < BF16_TOL and mean < BF16_MEAN_TOL
+    assert any(dead in r.getMessage() and "taken out of rotation" in r.getMessage() for r in caplog.records)

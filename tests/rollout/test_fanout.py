@@ -164,17 +164,31 @@ def test_dask_runner_builds_a_process_cluster_of_the_configured_size(tiny_model_
     assert (r.cluster_kwargs["n_workers"], r.cluster_kwargs["threads_per_worker"], r.cluster_kwargs["processes"]) == \
         (3, 1, True)
     assert _task_runner(_cfg(tiny_model_dir, task_runner="thread", workers=5).rollout)._max_workers == 5
+    existing = _task_runner(_cfg(tiny_model_dir, task_runner="dask", dask_address="tcp://127.0.0.1:8786").rollout)
+    assert existing.address == "tcp://127.0.0.1:8786" and existing.cluster_class is None
+    ray = _task_runner(_cfg(tiny_model_dir, task_runner="ray", workers=3).rollout)
+    assert type(ray).__name__ == "RayTaskRunner" and ray.address is None and ray.init_kwargs["num_cpus"] == 3
+    ray = _task_runner(_cfg(tiny_model_dir, task_runner="ray", ray_address="127.0.0.1:6379").rollout)
+    assert ray.address == "127.0.0.1:6379" and "num_cpus" not in ray.init_kwargs
 
 
 def test_config_runner_and_workers_stay_out_of_the_cache_key(tiny_model_dir):
     a = _cfg(tiny_model_dir)
     b = _cfg(tiny_model_dir, task_runner="dask", workers=7)
     c = _cfg(tiny_model_dir, shard_size=8)
-    assert a.section_hash("rollout") == b.section_hash("rollout") != c.section_hash("rollout")
+    d = _cfg(tiny_model_dir, task_runner="ray", ray_address="ray://head:10001")
+    e = _cfg(tiny_model_dir, task_runner="dask", dask_address="tcp://sched:8786")
+    assert a.section_hash("rollout") == b.section_hash("rollout") == d.section_hash("rollout") == \
+        e.section_hash("rollout") != c.section_hash("rollout")
+    with pytest.raises(ValueError, match="rollout.dask_address='tcp://s:1' is only used by task_runner 'dask'"):
+        _cfg(tiny_model_dir, task_runner="ray", dask_address="tcp://s:1")
+    with pytest.raises(ValueError, match="ray_address"):
+        _cfg(tiny_model_dir, task_runner="ray", ray_address="not an address")
     with pytest.raises(ValueError, match="shard_size"):
         _cfg(tiny_model_dir, shard_size=0)
     with pytest.raises(ValueError, match="task_runner"):
-        _cfg(tiny_model_dir, task_runner="ray")
-    with pytest.raises(ValueError, match="in-memory policy"):
-        RunConfig.model_validate({**_cfg(tiny_model_dir).model_dump(), "train": {"mode": "online"},
-                                  "rollout": {"task_runner": "dask"}})
+        _cfg(tiny_model_dir, task_runner="spark")
+    for runner in ("dask", "ray"):
+        with pytest.raises(ValueError, match="in-memory policy"):
+            RunConfig.model_validate({**_cfg(tiny_model_dir).model_dump(), "train": {"mode": "online"},
+                                      "rollout": {"task_runner": runner}})

@@ -11,6 +11,7 @@ from tasks.harnesses.spec import load_harness
 from tasks.records.freeze import freeze_tables
 from tasks.rollout.harness import EpisodeJob, run_episodes
 from tasks.rollout.policy import Generation
+from tasks.rollout.turns import episode_prompts
 from tasks.train.sequences import build_sequences
 
 
@@ -18,11 +19,12 @@ class ScriptedPolicy:
     """Replies with a fixed script per turn (same for every episode)."""
 
     def __init__(self, tokenizer, script, finish="stop"):
-        self.tokenizer, self.script, self.calls, self.finish = tokenizer, script, 0, finish
+        self.tokenizer, self.script, self.calls, self.finish, self.prompts = tokenizer, script, 0, finish, []
 
     def generate(self, prompts, sampling, seed):
         text = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
+        self.prompts += [list(p) for p in prompts]
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if self.finish == "stop":
             ids.append(self.tokenizer.eos_token_id)
@@ -52,14 +54,17 @@ def test_react_episode_runs_code_observes_and_is_graded(tiny_model_dir, task_and
     assert str(int(float(answer))) in t0["observation"]
     assert t0["observation"].endswith("(2 turns left)")  # max_turns 3, one used
     # token-exact accounting: turn 1's prompt extends turn 0's prompt + completion
-    n0 = len(t0["prompt_token_ids"]) + len(t0["completion_token_ids"])
-    assert t1["prompt_token_ids"][:n0] == t0["prompt_token_ids"] + t0["completion_token_ids"]
-    obs_ids = t1["prompt_token_ids"][n0:]
+    p0, p1 = episode_prompts(turns)
+    n0 = len(p0) + len(t0["completion_token_ids"])
+    assert p1[:n0] == p0 + t0["completion_token_ids"]
+    obs_ids = p1[n0:]
+    assert t1["prompt_continues"] and t1["prompt_added_ids"] == obs_ids  # turn 1 stores only what it adds
+    assert pol.prompts == [p0, p1]  # the rebuilt prompts are what the policy was given
     assert str(int(float(answer))) in tok.decode(obs_ids)
     spans = json.loads(t0["read_spans"])
     assert [s["source"] for s in spans] == ["system", "instruction", "tool_output"]
     # the hidden answer never entered a prompt before the agent produced it
-    assert f"answer\":\"{answer}" not in tok.decode(t0["prompt_token_ids"])
+    assert f"answer\":\"{answer}" not in tok.decode(p0)
     assert ep["stop_reason"] == "submitted"
     seq = build_sequences([dict(ep, task_id=task["task_id"], task_hash=task["task_hash"], harness_id=spec.harness_id)],
                           turns, {spec.harness_id: (1.0, 0, 1.0)})[0][0]

@@ -14,6 +14,7 @@ from tasks.records.suites.base import Task
 from tasks.records.verifiers import register_verifier
 from tasks.rollout.harness import EpisodeJob, run_episodes
 from tasks.rollout.policy import Generation
+from tasks.rollout.turns import episode_prompts, prompt_lengths
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -86,9 +87,11 @@ def test_qwen_code_reads_edits_and_stops_on_a_plain_reply(tok):
                           "tokens": file_span[0]["tokens"], "start": file_span[0]["start"], "end": file_span[0]["end"],
                           "sha256": file_span[0]["sha256"]}]
     # the span's token positions are exactly the observation appended to the next prompt
-    n0 = len(turns[0]["prompt_token_ids"]) + len(turns[0]["completion_token_ids"])
-    assert (file_span[0]["start"], file_span[0]["end"]) == (n0, len(turns[1]["prompt_token_ids"]))
-    assert turns[1]["prompt_token_ids"][:n0] == turns[0]["prompt_token_ids"] + turns[0]["completion_token_ids"]
+    prompts = episode_prompts(turns)
+    n0 = len(prompts[0]) + len(turns[0]["completion_token_ids"])
+    assert (file_span[0]["start"], file_span[0]["end"]) == (n0, len(prompts[1]))
+    assert prompts[1][:n0] == prompts[0] + turns[0]["completion_token_ids"]
+    assert prompts == [p for batch in pol.prompts for p in batch]  # rebuilt = what the policy was given
     # the hidden expected value entered no prompt before the agent itself wrote it
     assert all(HIDDEN not in p for p in _decoded_prompts(tok, pol)[:2])
 
@@ -160,7 +163,7 @@ def test_context_budget_and_observation_truncation(tok, tmp_path):
     assert json.loads(last["action"]).get("context_limit") is True
     assert 2 < len(turns) < 40 and eps[0]["status"] == "ok"
     # every prompt stayed within the budget with room for a full reply
-    assert all(len(t["prompt_token_ids"]) + 192 <= 900 for t in turns)
+    assert all(n + 192 <= 900 for n in prompt_lengths(turns))
 
 
 def test_the_policy_context_window_caps_the_budget(tok):
@@ -173,7 +176,7 @@ def test_the_policy_context_window_caps_the_budget(tok):
     eps, turns = run_episodes(pol, load_harness("openhands-like"), [EpisodeJob("ep", {}, task, 0, 0)],
                               SandboxConfig(), seed=0)
     assert eps[0]["status"] == "ok" and json.loads(turns[-1]["action"]).get("context_limit") is True
-    assert all(len(t["prompt_token_ids"]) + 192 <= 700 for t in turns)
+    assert all(n + 192 <= 700 for n in prompt_lengths(turns))
     # a first prompt that cannot fit at all is an infrastructure error, not a zero
     pol = type("Tiny", (ScriptedPolicy,), {"max_model_len": 100})(tok, ["x"])
     eps, turns = run_episodes(pol, load_harness("openhands-like"), [EpisodeJob("ep", {}, task, 0, 0)],

@@ -93,3 +93,71 @@ def test_stage_cache_keys_ignore_contracts_registered_by_other_modules():
         assert stage_cache_key("freeze", {"cfg": cfg, "inputs": {}}) == before
     finally:
         CONTRACTS.pop("zz_test_extra")
+
+
+def _turn_rows(n):
+    return [{"episode_id": f"e{i // 3}", "turn_idx": i % 3, "prompt_continues": i % 3 > 0,
+             "prompt_added_ids": list(range(i % 7)), "completion_token_ids": [1, 2], "completion_logprobs": [-0.1, -0.2],
+             "loss_mask": [1, 1], "completion_text": "x", "finish_reason": "stop", "action": "{}", "observation": "",
+             "read_spans": ""} for i in range(n)]
+
+
+@pytest.mark.parametrize("group_rows", [100, 1 << 16])
+def test_stream_is_byte_identical_to_one_write_whatever_the_batches(tmp_path, monkeypatch, group_rows):
+    import schemas.store as st
+
+    monkeypatch.setattr(st, "ROW_GROUP_ROWS", group_rows)  # 100: the stream writes 4 row groups as it goes
+    rows = _turn_rows(350)
+    store = ArtifactStore(tmp_path)
+    ref = store.write("a", "turns", rows, config_hash="c")
+    with store.stream("b", "turns") as s:
+        cuts = [0, 37, 37, 200, 350]  # uneven batches, one of them empty
+        for lo, hi in zip(cuts, cuts[1:]):
+            s.add(rows[lo:hi])
+        tmp = list((tmp_path / "b").glob(".tmp-*"))
+        # before the commit: three full row groups already in the temp file (100), or none (1 << 16)
+        assert [p.stat().st_size > 0 for p in tmp] == ([True] if group_rows == 100 else [])
+        out = s.commit(config_hash="c", extra={"k": 1})
+    assert s.rows == 350 and out.rows == 350 and out.sha256 == ref.sha256
+    assert (tmp_path / "a/turns.parquet").read_bytes() == (tmp_path / "b/turns.parquet").read_bytes()
+    assert pq.ParquetFile(tmp_path / "b/turns.parquet").metadata.num_row_groups == -(-350 // group_rows)
+    assert store.rows(out) == store.rows(ref)
+    m = store.manifest("b", "turns")
+    assert (m["rows"], m["bytes"], m["extra"]) == (350, (tmp_path / "b/turns.parquet").stat().st_size, {"k": 1})
+    assert not store.stray_temp_files("b")
+
+
+def test_stream_refuses_a_key_repeated_across_batches_and_leaves_nothing(tmp_path, monkeypatch):
+    import schemas.store as st
+
+    monkeypatch.setattr(st, "ROW_GROUP_ROWS", 4)
+    store = ArtifactStore(tmp_path)
+    old = store.write("b", "turns", _turn_rows(3))
+    rows = _turn_rows(12)
+    with pytest.raises(ArtifactError, match=r"row 10 repeats \['episode_id', 'turn_idx'\] = \('e3', 0\)"):
+        with store.stream("b", "turns") as s:
+            s.add(rows[:10])  # two row groups already in the temp file
+            s.add(rows[9:12])
+    assert store.rows(store.ref("b", "turns")) == store.rows(old)  # the earlier artifact is intact
+    assert not store.stray_temp_files("b")
+
+
+def test_stream_checks_expectations_per_row_group_and_aborts(tmp_path, monkeypatch):
+    import schemas.store as st
+
+    monkeypatch.setattr(st, "ROW_GROUP_ROWS", 5)
+    store = ArtifactStore(tmp_path)
+    rows = _turn_rows(12)
+    rows[7]["finish_reason"] = "abort"
+    s = store.stream("b", "turns")
+    s.add(rows[:6])
+    with pytest.raises(ArtifactError, match=r"finish_reason.*rows \[2\].*counted from artifact row 5"):
+        s.add(rows[6:])
+    assert not store.stray_temp_files("b") and not store.exists("b/turns.parquet")
+    with pytest.raises(ArtifactError, match="already committed or aborted"):
+        s.add(rows[:1])
+    bad = _turn_rows(2)
+    bad[1]["prompt_added_ids"] = ["x"]
+    with pytest.raises(ArtifactError, match="prompt_added_ids"), store.stream("b", "turns") as s2:
+        s2.add(bad)
+    assert not store.stray_temp_files("b")

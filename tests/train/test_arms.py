@@ -142,7 +142,8 @@ def _store(root, cfg):
                         "seed": k, "reward": reward, "success": bool(reward), "status": "ok", "stop_reason": "submitted", "num_turns": 1,
                         "input_tokens": 5, "output_tokens": 4, "final_answer": "1"})
             comp = torch.randint(5, 1000, (4,), generator=g).tolist()
-            turns.append({"episode_id": eid, "turn_idx": 0, "prompt_token_ids": torch.randint(5, 1000, (5,), generator=g).tolist(),
+            turns.append({"episode_id": eid, "turn_idx": 0, "prompt_continues": False,
+                          "prompt_added_ids": torch.randint(5, 1000, (5,), generator=g).tolist(),
                           "completion_token_ids": comp, "completion_logprobs": [-2.0] * 4, "loss_mask": [1] * 4,
                           "completion_text": "x", "finish_reason": "stop", "action": "{}", "observation": "",
                           "read_spans": "[]"})

@@ -13,7 +13,7 @@ def _episode(i, reason, reward=1.0):
 
 
 def _turns(i):
-    return [{"episode_id": f"e{i}", "turn_idx": 0, "prompt_token_ids": [1, 2], "completion_token_ids": [3, 4],
+    return [{"episode_id": f"e{i}", "turn_idx": 0, "prompt_continues": False, "prompt_added_ids": [1, 2], "completion_token_ids": [3, 4],
              "completion_logprobs": [-0.1, -0.2], "loss_mask": [1, 1], "action": "{}"}]
 
 
