@@ -385,6 +385,31 @@ class ArtifactStore:
         """:meth:`read` as a list of row dicts."""
         return self.read(ref, **kw).to_pylist()
 
+    def rows_where(self, ref: ArtifactRef, column: str, values: Iterable[Any]) -> list[dict[str, Any]]:
+        """The rows of an artifact whose ``column`` is in ``values``, read row group by row group
+        after the file's SHA-256 is checked against ``ref`` (memory holds the file's bytes and one
+        row group as Arrow, never the whole artifact as rows). The schema and expectations were
+        checked when the artifact was written or streamed.
+
+        Raises:
+            ArtifactError: missing file, SHA-256 different from the ref, or ``column`` not in it.
+        """
+        import pyarrow.compute as pc
+
+        data = self.read_bytes(ref.path)
+        if hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise ArtifactError(f"{self.url}/{ref.path}: SHA-256 differs from the recorded {ref.sha256[:16]}...; "
+                                "the file changed after it was written (rerun the stage with --from)")
+        pf = pq.ParquetFile(io.BytesIO(data))
+        if column not in pf.schema_arrow.names:
+            raise ArtifactError(f"{ref.path}: no column {column!r}")
+        want = pa.array(sorted(set(values)), type=pf.schema_arrow.field(column).type)
+        out: list[dict[str, Any]] = []
+        for i in range(pf.num_row_groups):
+            t = pf.read_row_group(i)
+            out += t.filter(pc.is_in(t[column], value_set=want)).to_pylist()
+        return out
+
 
 class _HashingFile:
     """A binary file wrapper that feeds every written byte to a SHA-256 (the bytes never sit in

@@ -27,10 +27,13 @@ import json
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas import ArtifactStore
 from tasks.evaluate.stats import final_attempts
+
+if TYPE_CHECKING:
+    from tasks.evaluate.inspect_log import TurnSource
 
 EXPORT_DIR = "evaluate/exports/swebench"
 
@@ -78,10 +81,11 @@ def swebench_files(run_name: str, plan: dict[str, Any], rows: list[dict[str, Any
 
 
 def write_exports(store: ArtifactStore, run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
-                  cells: list[dict[str, Any]], turns: list[dict[str, Any]], tasks: dict[str, dict[str, Any]],
+                  cells: list[dict[str, Any]], turns: "TurnSource", tasks: dict[str, dict[str, Any]],
                   systems: dict[str, str]) -> list[str]:
     """Write the SWE-bench-style files and the Inspect logs atomically; returns the written paths.
-    ``turns``: the attempts' turn rows; ``tasks``: task_id -> task row; ``systems``: harness name ->
+    ``turns``: the attempts' turn rows, or a function from eval_ids to their turn rows (one Inspect
+    log's worth at a time; see :func:`tasks.evaluate.inspect_log.inspect_logs`); ``tasks``: task_id -> task row; ``systems``: harness name ->
     its rendered system prompt (see :func:`tasks.evaluate.inspect_log.inspect_logs`)."""
     from tasks.evaluate.inspect_log import inspect_logs, write_inspect_logs
 

@@ -32,12 +32,16 @@ from __future__ import annotations
 import re
 import tempfile
 from datetime import datetime, timezone
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from schemas import ArtifactStore
 from schemas.store import code_version, package_versions
 from tasks.evaluate.stats import GRADED, final_attempts
+
+# the attempts' turn rows, or a function from a set of eval_ids to those episodes' turn rows
+TurnSource = Union[list[dict[str, Any]], Callable[[set[str]], list[dict[str, Any]]]]
 
 INSPECT_DIR = "evaluate/inspect"
 SCORER = "harnessrl_verifier"
@@ -75,15 +79,17 @@ def _output(model: str, row: dict[str, Any]) -> Any:
 
 
 def inspect_logs(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
-                 cells: list[dict[str, Any]], turns: list[dict[str, Any]], tasks: dict[str, dict[str, Any]],
-                 systems: dict[str, str]) -> dict[str, Any]:
-    """The Inspect logs of a sealed evaluation (see the module docstring), ``{run-relative path:
-    inspect_ai.log.EvalLog}`` in plan order (checkpoint-major).
+                 cells: list[dict[str, Any]], turns: TurnSource, tasks: dict[str, dict[str, Any]],
+                 systems: dict[str, str]) -> Iterator[tuple[str, Any]]:
+    """The Inspect logs of a sealed evaluation (see the module docstring), yielded one at a time
+    as ``(run-relative path, inspect_ai.log.EvalLog)`` in plan order (checkpoint-major), so that
+    a caller holds one (checkpoint, harness)'s turns at a time.
 
     Args:
         rows: the sealed ``evaluations`` rows (chain order).
         cells: the ``eval_cells`` rows (for the cell metrics).
-        turns: the attempts' ``turns`` rows (episode_id = eval_id).
+        turns: the attempts' ``turns`` rows (episode_id = eval_id), or a function from a set of
+            eval_ids to those episodes' turn rows (e.g. read from the committed ``eval_turns``).
         tasks: task_id -> ``tasks`` row (``instruction``).
         systems: harness name -> the rendered system prompt of that harness.
     """
@@ -93,9 +99,7 @@ def inspect_logs(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[di
 
     now = datetime.now(timezone.utc).isoformat()
     head = rows[-1]["seal_hash"] if rows else p_hash
-    by_ep: dict[str, list[dict[str, Any]]] = {}
-    for t in turns:
-        by_ep.setdefault(t["episode_id"], []).append(t)
+    turns_of = turns if callable(turns) else (lambda ids, _all=turns: [t for t in _all if t["episode_id"] in ids])
     finals = final_attempts(rows)
     replaced: dict[str, list[str]] = {}
     for r in rows:
@@ -106,14 +110,17 @@ def inspect_logs(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[di
     rev = code_version()
     revision = EvalRevision(type="git", origin="", commit=rev["git_sha"], dirty=rev["dirty"]) if rev["git_sha"] else None
     packages = {k: v for k, v in package_versions().items() if v}
-    out: dict[str, Any] = {}
     for ck in plan["checkpoints"]:
         for h in plan["harnesses"]:
             recs = [p for p in plan["records"] if p["harness_name"] == h]
             model = f"harnessrl/{plan['policy']['model']}@{ck['name']}"
             samples = []
-            for key in sorted((k for k in finals if k[0] == ck["name"] and k[1] == h),
-                              key=lambda k: (finals[k]["task_id"], k[3])):
+            keys = sorted((k for k in finals if k[0] == ck["name"] and k[1] == h),
+                          key=lambda k: (finals[k]["task_id"], k[3]))
+            by_ep: dict[str, list[dict[str, Any]]] = {}
+            for t in turns_of({finals[k]["eval_id"] for k in keys}):
+                by_ep.setdefault(t["episode_id"], []).append(t)
+            for key in keys:
                 r = finals[key]
                 graded = r["status"] in GRADED
                 samples.append(EvalSample(
@@ -158,18 +165,20 @@ def inspect_logs(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[di
                 stats=EvalStats(started_at=now, completed_at=now),
                 samples=samples,
             )
-            out[log_path(ck["name"], h)] = log
-    return out
+            yield log_path(ck["name"], h), log
 
 
-def write_inspect_logs(store: ArtifactStore, logs: dict[str, Any]) -> list[str]:
+def write_inspect_logs(store: ArtifactStore, logs: Iterable[tuple[str, Any]]) -> list[str]:
     """Write each log with :func:`inspect_ai.log.write_eval_log` to a local temporary file, then
     atomically into the run folder (:meth:`schemas.ArtifactStore.write_bytes`). Returns the paths."""
     from inspect_ai.log import write_eval_log
 
+    written = []
     with tempfile.TemporaryDirectory(prefix="harnessrl-inspect-") as tmp:
-        for rel, log in logs.items():
+        for rel, log in logs:
             local = Path(tmp) / Path(rel).name
             write_eval_log(log, str(local), format="eval")
             store.write_bytes(rel, local.read_bytes())
-    return list(logs)
+            local.unlink()
+            written.append(rel)
+    return written

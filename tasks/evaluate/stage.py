@@ -14,6 +14,7 @@ Order of operations (the point of sealing):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import tempfile
@@ -281,7 +282,9 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
             log.info("%s / %s%s: graded %d/%d, infra %d, pass@1 %s", c["checkpoint"], c["harness_name"],
                      " (held out)" if c["held_out"] else "", c["graded"], c["planned"], c["infra_errors"],
                      "n/a" if c["pass_at_1"] is None else f"{c['pass_at_1']:.3f}")
-    write_exports(store, cfg.name, plan, ph, sealed, cells, turns, task_by_id,
+    # the Inspect logs read each (checkpoint, harness)'s turns back from the committed artifact
+    turns_of = functools.partial(store.rows_where, turns_ref, "episode_id")
+    write_exports(store, cfg.name, plan, ph, sealed, cells, turns_of, task_by_id,
                   {s.name: s.render_system() for s in specs.values()})
     tick("exports")
     return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref, "eval_turns": turns_ref}

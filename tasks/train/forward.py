@@ -83,7 +83,7 @@ def hidden_shared_prefix(decoder: Any, ids: Any, attn: Any, sel: Any, prefix_len
     out_p = decoder(input_ids=p_ids, attention_mask=p_attn, position_ids=(p_attn.cumsum(-1) - 1).clamp_min(0),
                     use_cache=True)
     j = torch.tensor(j_idx, device=dev)
-    cache = out_p.past_key_values
+    cache = out_p.cache
     cache.batch_select_indices(j)
     f = torch.tensor(prefix_lens, device=dev)
     s_len = max(1, max(L - fr for L, fr in zip(lengths, prefix_lens)))
@@ -94,7 +94,7 @@ def hidden_shared_prefix(decoder: Any, ids: Any, attn: Any, sel: Any, prefix_len
         s_ids[r, :k] = ids[r, prefix_lens[r]: lengths[r]]
         s_attn[r, :k] = 1
     out_s = decoder(input_ids=s_ids, attention_mask=torch.cat([p_attn[j], s_attn], 1),
-                    position_ids=f[:, None] + torch.arange(s_len, device=dev)[None], past_key_values=cache,
+                    position_ids=f[:, None] + torch.arange(s_len, device=dev)[None], cache=cache,
                     use_cache=True)
     # hid[:, u] is the hidden state at full position prefix_len - 1 + u
     hid = torch.cat([out_p.last_hidden_state[:, -1][j][:, None], out_s.last_hidden_state], 1)
