@@ -609,6 +609,28 @@ SUITE_PASS_RATES = _register(
     )
 )
 
+LEARNING_CURVE = _register(
+    Contract(
+        "learning_curve",
+        1,
+        _s(
+            ("arm", pa.string()),
+            ("checkpoint", pa.string()),
+            ("step", pa.int32()),
+            ("harness_name", pa.string()),
+            ("n_tasks", pa.int32()),
+            ("pass_at_1", pa.float64()),
+            ("ci_low", pa.float64()),
+            ("ci_high", pa.float64()),
+            ("train_reward", pa.float64()),
+        ),
+        [("compound_unique", ("arm", "checkpoint", "harness_name")), ("between", "pass_at_1", 0.0, 1.0)],
+        "Sealed pass@1 against the training step per arm and evaluation harness: base (step 0), the arm's "
+        "snapshots (train.save_every) and its final adapter, with a task-resampling bootstrap interval, beside the "
+        "mean training reward of the optimizer steps since the previous point (tasks.analysis.learning).",
+    )
+)
+
 TRAINING_STABILITY = _register(
     Contract(
         "training_stability",

@@ -54,6 +54,43 @@ def learning_curves(steps: list[dict[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
+def learning_vs_step(curve: list[dict[str, Any]], steps: list[dict[str, Any]]) -> bytes | None:
+    """Left: each arm's training reward (``reward_mean`` of every optimizer step) against the
+    step. Right: sealed pass@1 of the arm's checkpoints (base at step 0, snapshots, final) against
+    the training step, one line per (arm, evaluation harness), with the bootstrap interval as
+    error bars (``learning_curve`` rows). None without curve rows."""
+    rows = [r for r in curve if _finite(r["pass_at_1"])]
+    if not rows:
+        return None
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.6))
+    by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in steps:
+        by_arm[s.get("arm") or "final"].append(s)
+    for arm, rs in sorted(by_arm.items()):
+        rs = sorted(rs, key=lambda r: r["step"])
+        ax0.plot([r["step"] for r in rs], [r["reward_mean"] for r in rs], label=arm, alpha=0.8)
+    ax0.set_xlabel("optimizer step")
+    ax0.set_title("training reward (mean over the step's samples)")
+    ax0.grid(alpha=0.3)
+    if by_arm:
+        ax0.legend(fontsize=8)
+    lines: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        lines[(r["arm"], r["harness_name"])].append(r)
+    for (arm, h), rs in sorted(lines.items()):
+        rs = sorted(rs, key=lambda r: r["step"])
+        x = [r["step"] for r in rs]
+        y = [r["pass_at_1"] for r in rs]
+        err = [[max(r["pass_at_1"] - r["ci_low"], 0.0) for r in rs], [max(r["ci_high"] - r["pass_at_1"], 0.0) for r in rs]]
+        ax1.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{arm} / {h}")
+    ax1.set_xlabel("optimizer step")
+    ax1.set_ylim(0.0, 1.0)
+    ax1.set_title("sealed held-out pass@1 (95% bootstrap CI)")
+    ax1.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    return _png(fig)
+
+
 def pass_rate_heatmap(cells: list[dict[str, Any]]) -> bytes | None:
     """The train x eval harness matrix of the sealed evaluation: pass@1 per (checkpoint, eval
     harness) ``cell`` row of ``eval_cells``; held-out harnesses are marked ``(held out)``, cells

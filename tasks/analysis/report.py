@@ -131,6 +131,7 @@ class ReportInputs:
     stability: list[dict[str, Any]] = field(default_factory=list)
     kl_check: list[dict[str, Any]] = field(default_factory=list)
     arms: list[dict[str, Any]] = field(default_factory=list)
+    learning_curve: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _figure(inp: ReportInputs, name: str, caption: str) -> list[str]:
@@ -195,6 +196,14 @@ def render_report(inp: ReportInputs) -> str:
                                 if (ck, h) in val else "" for h in hs])
         out += _table(["checkpoint"] + [f"{h} (held out)" if h in held else h for h in hs], rows) + [""]
     out += _figure(inp, "pass_rate_heatmap", "train x eval harness pass rates")
+    if inp.learning_curve:
+        out += ["Learning curve: sealed pass@1 of each arm's checkpoints against the training step (base = step "
+                "0; snapshots every `train.save_every` steps), 95% task-resampling bootstrap interval, beside the "
+                "mean training reward of the steps since the previous point.", ""]
+        rows = [[r["arm"], r["harness_name"], str(r["step"]), _f(r["pass_at_1"]),
+                 f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]", _f(r["train_reward"])] for r in inp.learning_curve]
+        out += _table(["arm", "harness", "step", "pass@1", "95% CI", "train reward"], rows, "llrrrr", keep=3) + [""]
+        out += _figure(inp, "learning_vs_step", "training reward and sealed pass@1 against step")
     if inp.suite_pass_rates:
         rows = [[r["checkpoint"], r["harness_name"], r["suite"], str(r["n_tasks"]), str(r["graded"]), _f(r["pass_at_1"]),
                  f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]", _f(r["median_turns"], ".1f")]

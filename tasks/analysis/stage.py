@@ -184,6 +184,7 @@ def _figures(store: ArtifactStore, tables: dict[str, list[dict[str, Any]]]) -> d
     made = {
         "learning_curves": plots.learning_curves(tables["train_steps"]),
         "pass_rate_heatmap": plots.pass_rate_heatmap(tables["eval_cells"]),
+        "learning_vs_step": plots.learning_vs_step(tables["learning_curve"], tables["train_steps"]),
         "ceiling_vs_return": plots.ceiling_vs_return(tables["mismatch"]),
         "r2_comparison": plots.r2_comparison(tables["predictors"]),
         "leakage": plots.leakage_plot(tables["leakage"]),
@@ -265,6 +266,10 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
     suite_of = {t["task_id"]: t["suite"] for t in store.rows(inputs["tasks"])}
     suites = suite_pass_rates(evals, suite_of, resamples=a.bootstrap_resamples, seed=a.seed)
     stability = training_stability(train_steps, a.divergence_kl)
+    from tasks.analysis.learning import learning_curve
+
+    curve = learning_curve(evals, store.rows(inputs["checkpoints"]), train_steps,
+                           [name for name, _ in cfg.arm_configs()], resamples=a.bootstrap_resamples, seed=a.seed)
     for r in stability:
         if not r["stable"]:
             notes.append(f"arm {r['arm']} unstable: {r['reason']}")
@@ -279,6 +284,8 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
                                         config_hash=ch),
         "training_stability": store.write("analyze", "training_stability", stability,
                                           inputs=[inputs["train_steps"]], config_hash=ch),
+        "learning_curve": store.write("analyze", "learning_curve", curve,
+                                      inputs=[*ev_in, inputs["checkpoints"], inputs["train_steps"]], config_hash=ch),
         "mismatch": store.write("analyze", "mismatch", mismatch, inputs=ev_in, config_hash=ch),
         "p1_points": store.write("analyze", "p1_points", points, inputs=ev_in, config_hash=ch),
         "predictors": store.write("analyze", "predictors", predictors, inputs=ev_in, config_hash=ch),
@@ -296,7 +303,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         refs["log_odds"] = store.write("analyze", "log_odds", lo_summary, inputs=lo_in, config_hash=ch)
         refs["log_odds_pairs"] = store.write("analyze", "log_odds_pairs", lo_pairs, inputs=lo_in, config_hash=ch)
 
-    tables = {"train_steps": train_steps, "eval_cells": store.rows(inputs["eval_cells"]),
+    tables = {"train_steps": train_steps, "eval_cells": store.rows(inputs["eval_cells"]), "learning_curve": curve,
               "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd}
     figures = _figures(store, tables)
     report = render_report(ReportInputs(
@@ -307,7 +314,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
         predictors=predictors, p1_points=points, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
         figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
-        arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()]))
+        arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve))
     if mesh_names:
         from tasks.analysis.report import talkmesh_section
 
