@@ -171,3 +171,30 @@ def test_importance_weights_change_the_update_only_when_behaviour_differs(tiny_m
     assert torch.allclose(same, on_policy, atol=1e-6)  # behaviour = current: weights are 1, nothing changes
     shifted = update(0.3)
     assert (shifted - same).abs().max() > 1e-4  # behaviour != current: the weights change the update
+
+
+@pytest.mark.parametrize("algorithm,agg", [("grpo", "token_mean"), ("gspo", "seq_mean_token_mean")])
+def test_truncated_is_weights_the_update_by_the_known_sampler_mismatch(tiny_model_dir, algorithm, agg):
+    """TIS (``train.tis_cap``) with the trainer's recomputed old log-probs: the sampler's log-probs
+    are the current policy's shifted by a known amount per sequence, so the weights
+    min(exp(old - sampler), cap) are known. No mismatch: the update is the one without TIS. A
+    mismatch: the update changes; without TIS the sampler's log-probs never enter the loss."""
+    comps = [[301, 302, 303], [410, 411, 412, 413], [520, 521], [630, 631, 632]]
+
+    def update(behaviour_shift, cap):
+        tr = Trainer(_cfg(tiny_model_dir, algorithm=algorithm, agg=agg, clip_low=10.0, clip_high=10.0, tis_cap=cap),
+                     tiny_model_dir, log=_quiet)
+        seqs = [_seq(i, PROMPT, c, float(i % 2)) for i, c in enumerate(comps)]
+        cur = tr.passes(seqs, list(range(4)), "policy")
+        seqs = [_seq(i, PROMPT, c, float(i % 2), (cur[i][len(PROMPT) - 1:] + behaviour_shift * (i + 1)).tolist())
+                for i, c in enumerate(comps)]
+        tr.step(tr.new_batch(seqs), list(range(4)))
+        return torch.cat([p.detach().flatten() for p in tr.params])
+
+    plain = update(0.0, None)
+    assert torch.equal(update(-0.4, None), plain)  # without TIS the sampler's log-probs are not used
+    assert torch.allclose(update(0.0, 2.0), plain, atol=1e-6)  # no mismatch: every weight is 1
+    shifted = update(-0.4, 2.0)  # weights exp(0.4 (i + 1)) capped at 2: 1.49, 2, 2, 2
+    assert (shifted - plain).abs().max() > 1e-4
+    # a cap of 1 truncates every weight above 1 back to 1: the update is the plain one again
+    assert torch.allclose(update(-0.4, 1.0), plain, atol=1e-6)
