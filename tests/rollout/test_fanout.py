@@ -190,5 +190,5 @@ def test_config_runner_and_workers_stay_out_of_the_cache_key(tiny_model_dir):
         _cfg(tiny_model_dir, task_runner="spark")
     for runner in ("dask", "ray"):
         with pytest.raises(ValueError, match="in-memory policy"):
-            RunConfig.model_validate({**_cfg(tiny_model_dir).model_dump(), "train": {"mode": "online"},
+            RunConfig.model_validate({**_cfg(tiny_model_dir).model_dump(), "train": {"mode": "online", "steps": 1},
                                       "rollout": {"task_runner": runner}})

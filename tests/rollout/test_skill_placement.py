@@ -10,6 +10,7 @@ from tasks.bipa.graph import graph_metrics
 from tasks.config import RunConfig, SandboxConfig
 from tasks.harnesses.spec import HarnessSpec, load_harness
 from tasks.rollout.harness import EpisodeJob, read_skill, run_episodes
+from tasks.rollout.turns import episode_prompts
 from tasks.rollout.policy import Generation
 from tests.facilities import bwrap_missing, require
 
@@ -57,7 +58,7 @@ def test_a_file_skill_is_not_in_the_prompt_and_is_read_by_an_action(setup):
     tok, ep, turns = _run(setup, spec, ["First the procedure.\n```bash\ncat SKILL.md\n```", "Answer: {answer}"])
     assert ep["status"] == "ok" and ep["success"] and ep["num_turns"] == 2
     skill_line = spec.skill.splitlines()[0]
-    assert skill_line not in tok.decode(turns[0]["prompt_token_ids"])  # not in the first prompt
+    assert skill_line not in tok.decode(episode_prompts(turns)[0])  # not in the first prompt
     assert skill_line in turns[0]["observation"]  # the file's text came back from the action
     skill = [s for s in _spans(turns) if s["source"] == "skill"]
     assert len(skill) == 1 and skill[0]["turn"] == 1 and skill[0]["tool"] == "bash"
@@ -93,15 +94,15 @@ def test_python_that_prints_the_skill_and_a_read_file_tool_both_count(setup):
     spans = _spans(turns)
     assert [(s["source"], s["turn"], s["path"]) for s in spans if s["source"] in ("skill", "file")] == [
         ("skill", 1, "SKILL.md")]
-    assert "Add the numbers" not in tok.decode(turns[0]["prompt_token_ids"])
-    assert "Add the numbers" in tok.decode(turns[1]["prompt_token_ids"])
+    assert "Add the numbers" not in tok.decode(episode_prompts(turns)[0])
+    assert "Add the numbers" in tok.decode(episode_prompts(turns)[1])
 
 
 def test_a_system_prompt_skill_is_read_at_turn_zero_by_construction(setup):
     require("bubblewrap", bwrap_missing())
     spec = load_harness("react-python-skill")
     tok, _, turns = _run(setup, spec, ["```python\nprint(1)\n```", "Answer: {answer}"])
-    assert spec.skill.splitlines()[0] in tok.decode(turns[0]["prompt_token_ids"])
+    assert spec.skill.splitlines()[0] in tok.decode(episode_prompts(turns)[0])
     assert [s["turn"] for s in _spans(turns) if s["source"] == "skill"] == [0]
     m = graph_metrics(turns, "seed", "fresh")
     assert m["episode_skill_coverage"] == 1.0 and m["mean_turns_to_first_skill_read"] == 0.0

@@ -100,7 +100,10 @@ def test_online_stage_samples_through_one_engine_with_bounded_staleness(tiny_mod
     from tasks.records.freeze import freeze_tables
     from tasks.train.stage import run_train
 
-    cfg = _cfg(tiny_model_dir, steps=3, max_staleness=staleness, prompts_per_step=3)
+    # a KL term in the loss: every sequence gets a forward pass (the random tiny model's rewards are
+    # all 0), so the sampler-vs-trainer mismatch is measured at every on-policy step
+    cfg = _cfg(tiny_model_dir, steps=3, max_staleness=staleness, prompts_per_step=3,
+               kl={"estimator": "k1", "placement": "loss", "beta": 0.1})
     tasks, harnesses, records = freeze_tables(cfg)
     store = ArtifactStore(tmp_path)
     refs = {"tasks": store.write("freeze", "tasks", tasks), "harnesses": store.write("freeze", "harnesses", harnesses),
@@ -113,9 +116,13 @@ def test_online_stage_samples_through_one_engine_with_bounded_staleness(tiny_mod
     assert max(s["staleness"] for s in steps) == staleness
     # the batches sampled after a sync carry its canary; the first (base weights, never synced) NaN
     syncs = [s["sync_max_abs_logp_diff"] for s in steps]
-    assert math.isnan(syncs[0]) and all(0 <= d < cfg.train.sync_tolerance for d in syncs if v > 0
-                                        for v in [versions[syncs.index(d)]] if not math.isnan(d))
-    assert all(math.isfinite(s["logp_mismatch_mean"]) or s["staleness"] > 0 for s in steps)
+    for d, v in zip(syncs, versions):
+        if v == 0:
+            assert math.isnan(d)
+        else:
+            assert 0 <= d < cfg.train.sync_tolerance
+    for s in steps:  # float32 on both sides: the engine's and the trainer's log-probs agree closely
+        assert (0 <= s["logp_mismatch_mean"] <= s["logp_mismatch_max"] < 0.05) or s["staleness"] > 0, s
     eps = store.rows(out["online_episodes"])
     assert len(eps) == 3 * 3 * 2 and sorted({e["policy_version"] for e in eps}) == sorted(set(versions))
     phases = store.manifest("train", "train_steps")["extra"]["phases"]
