@@ -231,7 +231,8 @@ TRAIN_STEPS = _register(
         "batch. kl = token mean of k(theta, ref) on the sequences trained (NaN without a KL term); kl_penalty = mean "
         "beta * sum_t k subtracted from the rewards (NaN unless the KL is in the reward); ratio_* = pi_theta / pi_old "
         "over policy tokens (sequence ratios for GSPO); logp_mismatch_* = |sampler - trainer| log-prob of the batch's "
-        "tokens at the sampling version (NaN where the trainer never held that version); sync_max_abs_logp_diff = the "
+        "tokens at the sampling version (NaN where the trainer never held that version, or where the step ran no "
+        "forward pass: every advantage 0 and no KL term); sync_max_abs_logp_diff = the "
         "weight-sync canary of the weights that sampled the batch (NaN: never synced); dropped = JSON {rule: episodes "
         "left out of the batch}. Wall-clock figures vary run to run, so they live in the manifest (extra.timing, "
         "extra.phases), not in the Parquet, which stays byte-identical for a given config and seed.",
