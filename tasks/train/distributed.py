@@ -150,13 +150,61 @@ def join(backend: str) -> DistContext:
     import torch
     import torch.distributed as dist
 
+    import datetime
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     check_backend(backend, world)
     if not dist.is_initialized():
         if torch.cuda.is_available() and backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend, init_method="env://")
+        # under torchrun the other ranks wait (in follow) while rank 0 runs freeze and rollout
+        timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESSRL_DIST_TIMEOUT_S", "86400")))
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
     return context()
+
+
+def send_job(fn: Callable[..., Any], args: tuple) -> None:
+    """Rank 0 under ``torchrun``: hand ``fn(*args)`` to the other ranks, waiting in :func:`follow`
+    (``broadcast_object_list``); rank 0 then runs the same call itself."""
+    import torch.distributed as dist
+
+    dist.broadcast_object_list([(fn, args)], src=0)
+
+
+def follow(backend: str) -> int:
+    """A rank other than 0 under ``torchrun``: join the group, then run every job rank 0 sends
+    (:func:`send_job`) until it sends the end (:func:`finish`); leave the group. Returns the number
+    of jobs run.
+
+    Raises:
+        RuntimeError: see :func:`check_backend`; whatever a job raises.
+    """
+    import torch.distributed as dist
+
+    join(backend)
+    n = 0
+    try:
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                return n
+            fn, args = box[0]
+            fn(*args)
+            n += 1
+    finally:
+        dist.destroy_process_group()
+
+
+def finish() -> None:
+    """Rank 0 under ``torchrun``: tell the ranks in :func:`follow` that no job follows, and leave
+    the group (a no-op outside one)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_rank() == 0:
+            dist.broadcast_object_list([None], src=0)
+        dist.destroy_process_group()
 
 
 def _free_port() -> int:

@@ -182,16 +182,17 @@ def train_distributed(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence]
                       log: Callable[[str], None] = print, **kw: Any) -> TrainResult:
     """:func:`train` over ``train.distributed.world_size`` processes (data-parallel, DDP).
 
-    Already inside a process group (``torchrun``, or a caller that joined one), or with one
-    process: :func:`train` in this process. Under ``torchrun`` without a group yet: joins it
-    (``train.distributed.backend``), trains, leaves it. Otherwise starts the processes with
-    torch's launcher (:func:`tasks.train.distributed.launch`, spawn; ``log``, ``after_step`` and
-    every other argument must pickle: module-level functions, loggers' bound methods) and returns
-    rank 0's result; the group's size is ``train.distributed.world_size``.
+    With one process: :func:`train` here. Under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set), on
+    rank 0: joins the group (``train.distributed.backend``) unless joined, sends this call to the
+    other ranks, which wait in :func:`tasks.train.distributed.follow` (``harnessrl train``), and
+    trains with them; the caller ends the group (:func:`tasks.train.distributed.finish`).
+    Otherwise starts the processes with torch's launcher (:func:`tasks.train.distributed.launch`,
+    spawn) and returns rank 0's result. Either way every argument must pickle (``log`` and
+    ``after_step``: module-level functions, loggers' bound methods, picklable objects).
 
     Raises:
-        RuntimeError: the backend cannot run here (``nccl`` without CUDA), or under ``torchrun``
-            ``WORLD_SIZE`` differs from ``train.distributed.world_size``.
+        RuntimeError: the backend cannot run here (``nccl`` without CUDA); under ``torchrun``,
+            ``WORLD_SIZE`` differs from ``train.distributed.world_size`` or this is not rank 0.
         torch.multiprocessing.ProcessRaisedException: a spawned rank raised (its traceback in
             the message), e.g. :class:`TrainingInterrupted` or ValueError of :func:`train`.
     """
@@ -201,19 +202,19 @@ def train_distributed(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence]
 
     dc = cfg.train.distributed
     world = dc.world_size if dc is not None else 1
-    if (dist.is_available() and dist.is_initialized()) or (world == 1 and not D.under_torchrun()):
-        return train(cfg, model_dir, seqs, out_dir, log, **kw)
     backend = dc.backend if dc is not None else "gloo"
     if D.under_torchrun():
         env_world = int(os.environ["WORLD_SIZE"])
         if env_world != world:
             raise RuntimeError(f"train.distributed.world_size={world} but torchrun started {env_world} processes "
                                f"(WORLD_SIZE); set train.distributed.world_size: {env_world}")
-        D.join(backend)
-        try:
-            return train(cfg, model_dir, seqs, out_dir, log, **kw)
-        finally:
-            dist.destroy_process_group()
+        if D.join(backend).rank != 0:
+            raise RuntimeError("train_distributed runs on rank 0 under torchrun; the other ranks wait in "
+                               "tasks.train.distributed.follow (harnessrl train)")
+        D.send_job(_train_in_group, (cfg, model_dir, seqs, out_dir, log, kw))
+        return train(cfg, model_dir, seqs, out_dir, log, **kw)
+    if world == 1 or (dist.is_available() and dist.is_initialized()):
+        return train(cfg, model_dir, seqs, out_dir, log, **kw)
     return D.launch(_train_in_group, (cfg, model_dir, seqs, out_dir, log, kw), world, backend)
 
 

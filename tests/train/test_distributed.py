@@ -161,3 +161,18 @@ def test_the_train_stage_spawns_two_ranks_and_rank_0_writes_checkpoints_and_snap
     assert [r["tokens"] for r in st2] == [r["tokens"] for r in st1]
     assert [r["loss"] for r in st2] == pytest.approx([r["loss"] for r in st1], rel=1e-5, abs=1e-7)
     assert (Path(s2.root) / "train/state/trainer_state.pt").is_file()
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_follow_rank_0_and_train_the_one_process_adapter(one_and_two, tiny_model_dir):
+    import subprocess
+    import sys
+
+    out = one_and_two["root"] / "torchrun"
+    job = Path(__file__).with_name("torchrun_job.py")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(job), str(tiny_model_dir), str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "rank 1: ran 1 job(s)" in p.stdout and "rank 0: 2 steps" in p.stdout
+    assert _max_diff(_adapter(one_and_two["one"].adapter_dir), _adapter(out)) <= 1e-5
+    assert sha256_dir(out) == sha256_dir(one_and_two["two"].adapter_dir)  # spawned or torchrun: the same ranks
