@@ -133,7 +133,8 @@ def train_cmd(
     backend = cfg.train.distributed.backend if cfg.train.distributed is not None else "gloo"
     if int(os.environ["RANK"]) != 0:
         _quiet_libraries()
-        D.follow(backend)
+        n = D.follow(backend)
+        typer.echo(f"harnessrl train: rank {os.environ['RANK']} joined {n} training call(s) of rank 0")
         return
     rd = Path(run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}")
     rd.mkdir(parents=True, exist_ok=True)

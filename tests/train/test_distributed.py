@@ -176,3 +176,18 @@ def test_torchrun_ranks_follow_rank_0_and_train_the_one_process_adapter(one_and_
     assert "rank 1: ran 1 job(s)" in p.stdout and "rank 0: 2 steps" in p.stdout
     assert _max_diff(_adapter(one_and_two["one"].adapter_dir), _adapter(out)) <= 1e-5
     assert sha256_dir(out) == sha256_dir(one_and_two["two"].adapter_dir)  # spawned or torchrun: the same ranks
+
+
+def test_cli_train_needs_torchrun_and_run_refuses_to_run_once_per_torchrun_process(monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    r = CliRunner().invoke(app, ["train", "-c", "configs/default.yaml"])
+    assert r.exit_code == 2 and "runs under torchrun" in r.output
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    r = CliRunner().invoke(app, ["run", "-c", "configs/default.yaml"])
+    assert r.exit_code == 2 and "use `torchrun ... harnessrl train`" in r.output
