@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tasks.train import distributed as D  # noqa: E402
 from tasks.train.loops import train_distributed  # noqa: E402
-from tests.train.test_distributed import LOG, _kw  # noqa: E402
-from tests.train.test_trainer import _cfg, _fp32, _seqs  # noqa: E402
+from tests.train.test_distributed import LOG, _data, _kw  # noqa: E402
+from tests.train.test_trainer import _cfg, _fp32  # noqa: E402
 
 if __name__ == "__main__":
     model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
@@ -26,7 +26,7 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
     cfg = _fp32(_cfg(model_dir, **_kw(), distributed={"world_size": world, "backend": "gloo"}))
     try:
-        res = train_distributed(cfg, model_dir, _seqs(n=12, group=3), out, log=LOG)
+        res = train_distributed(cfg, model_dir, _data(), out, log=LOG)
     finally:
         D.finish()
     print(f"rank 0: {len(res.steps)} steps, adapter in {res.adapter_dir}")
