@@ -139,10 +139,12 @@ def check_backend(backend: str, world_size: int) -> None:
         raise RuntimeError(f"train.distributed.backend={backend!r} is not one of gloo, nccl")
 
 
-def join(backend: str) -> DistContext:
+def join(backend: str, timeout_s: float | None = None) -> DistContext:
     """Join the process group described by the environment (``torchrun``: ``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) unless already in one;
-    with ``nccl`` the process uses CUDA device ``LOCAL_RANK``.
+    with ``nccl`` the process uses CUDA device ``LOCAL_RANK``. ``timeout_s``: how long a
+    collective waits for the other ranks (None: ``HARNESSRL_DIST_TIMEOUT_S``, default 86400 s,
+    because under ``torchrun`` the other ranks wait while rank 0 runs freeze and rollout).
 
     Raises:
         RuntimeError: see :func:`check_backend`.
@@ -157,8 +159,9 @@ def join(backend: str) -> DistContext:
     if not dist.is_initialized():
         if torch.cuda.is_available() and backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        # under torchrun the other ranks wait (in follow) while rank 0 runs freeze and rollout
-        timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESSRL_DIST_TIMEOUT_S", "86400")))
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("HARNESSRL_DIST_TIMEOUT_S", "86400"))
+        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
     return context()
 
@@ -228,7 +231,7 @@ def _worker(local_rank: int, world_size: int, backend: str, port: int, fn: Calla
                        "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
                        "LOCAL_WORLD_SIZE": str(world_size)})
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    join(backend)
+    join(backend, timeout_s=1800.0)  # torch's default: the ranks start together, nothing waits long
     try:
         out = fn(*args)
         if local_rank == 0:
