@@ -16,8 +16,8 @@
 #      sampler/trainer log-prob agreement (max / mean |sampler - trainer| nats over the policy
 #      tokens of every step, and the sync canary's max) beside the same figures of the CPU run of
 #      the same config when its run folder exists (CPU_RUN_DEFAULT / CPU_RUN_LEARN, default: the
-#      folder `harnessrl run` would use on the CPU); rows appended to
-#      benchmarks/results/gpu_check.jsonl.
+#      folder `harnessrl run` would use on the CPU; a fresh GPU machine has none unless those
+#      folders are copied there); rows appended to benchmarks/results/gpu_check.jsonl.
 # Run folders: runs/gpu-check/* (removed first: every run is fresh, never cached).
 # Status: NOT YET RUN ON A GPU. It was written where no GPU was lent; the steps above are what it
 # does, not measured results. Usage: benchmarks/gpu_check.sh
