@@ -64,6 +64,12 @@ def run(
 ) -> None:
     """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached."""
     from tasks.config import STAGES, ConfigError, load_config
+    from tasks.train.distributed import under_torchrun
+
+    if under_torchrun():
+        typer.secho("harnessrl run under torchrun would run the whole pipeline once per process; use "
+                    "`torchrun ... harnessrl train` (then `harnessrl run` for the rest)", fg="red", err=True)
+        raise typer.Exit(2)
 
     path = _default_config_path(config)
     try:
@@ -93,6 +99,60 @@ def run(
     result = pipeline(cfg, str(rd), from_stage)
     total = time.perf_counter() - t0
     _print_summary(rd, result, total)
+
+
+@app.command("train")
+def train_cmd(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help=f"run config (default {DEFAULT_CONFIG})"),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run folder (shared by every host; default "
+                                          "RUN_ROOT/NAME-CONFIGHASH)"),
+    set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set train.epochs=2"),
+    from_stage: Optional[str] = typer.Option(None, "--from", help="force this stage and every later one"),
+) -> None:
+    """The pipeline through the train stage, data-parallel under torchrun:
+    `torchrun --nproc-per-node N $(which harnessrl) train -c CONFIG --run-dir RUN` with
+    train.distributed.world_size N (times the hosts). Rank 0 runs freeze, rollout and train (cached
+    as in `harnessrl run`); the other ranks join each training call. Then `harnessrl run` with the
+    same config and run folder evaluates and analyzes."""
+    from tasks.config import STAGES, ConfigError, load_config
+    from tasks.train import distributed as D
+
+    if not D.under_torchrun():
+        typer.secho("harnessrl train runs under torchrun (RANK / WORLD_SIZE unset); in one process use harnessrl run",
+                    fg="red", err=True)
+        raise typer.Exit(2)
+    path = _default_config_path(config)
+    try:
+        cfg = load_config(path, _parse_sets(set_))
+    except ConfigError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    if from_stage is not None and from_stage not in STAGES:
+        typer.secho(f"--from {from_stage!r}: not a stage; stages are {', '.join(STAGES)}", fg="red", err=True)
+        raise typer.Exit(2)
+    backend = cfg.train.distributed.backend if cfg.train.distributed is not None else "gloo"
+    if int(os.environ["RANK"]) != 0:
+        _quiet_libraries()
+        n = D.follow(backend)
+        typer.echo(f"harnessrl train: rank {os.environ['RANK']} joined {n} training call(s) of rank 0")
+        return
+    rd = Path(run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}")
+    rd.mkdir(parents=True, exist_ok=True)
+    prepare_environment(Path(cfg.run_root))
+    _quiet_libraries()
+    from flows.pipeline import through_train
+
+    D.join(backend)
+    t0 = time.perf_counter()
+    try:
+        result = through_train(cfg, str(rd), from_stage)
+    finally:
+        D.finish()
+    for stage, r in result.items():
+        typer.echo(f"{stage}: {r['state']} in {r['seconds']:.1f} s ("
+                   + ", ".join(f"{k}[{v.rows}]" for k, v in r["outputs"].items()) + ")")
+    typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s; next: harnessrl run with the "
+               "same config and --run-dir")
 
 
 def _quiet_libraries() -> None:

@@ -29,6 +29,13 @@ def pipeline(cfg: RunConfig, run_dir: str, from_stage: str | None = None) -> dic
     return chain(cfg, run_dir, from_stage)
 
 
+@flow(name="harnessrl-train")
+def through_train(cfg: RunConfig, run_dir: str, from_stage: str | None = None) -> dict[str, Any]:
+    """freeze -> rollout -> train (``harnessrl train`` under torchrun: the train stage is
+    data-parallel over the torchrun processes), cached like :func:`pipeline`."""
+    return chain(cfg, run_dir, from_stage, until="train")
+
+
 def chain(cfg: RunConfig, run_dir: str, from_stage: str | None = None, until: str | None = None) -> dict[str, Any]:
     """The stage flows in order (call inside a flow): every stage up to and including ``until``
     (None: all five). Returns ``{stage: {"outputs", "state", "seconds"}}`` for the stages run.

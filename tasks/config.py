@@ -18,7 +18,7 @@ from tasks.yamlfile import describe, load_mapping
 
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
 # Fields that say how a stage runs, never what it writes: left out of section hashes (cache keys).
-EXECUTION_ONLY = {"rollout": {"task_runner", "workers", "dask_address", "ray_address"}}
+EXECUTION_ONLY = {"rollout": {"task_runner", "workers", "dask_address", "ray_address"}, "train": {"distributed"}}
 # Optional top-level sections left out of section hashes when absent, so adding one to a stage's
 # sections keeps the cache keys of configs without it.
 OPTIONAL_SECTIONS = {"arms", "sweep", "quick"}
@@ -283,6 +283,31 @@ class KLConfig(_Strict):
     importance_weighted: bool = False
 
 
+class DistributedConfig(_Strict):
+    """Data-parallel training over ``world_size`` processes (:mod:`tasks.train.distributed`).
+
+    The global batch keeps its meaning: each mini-batch of ``train.batch_size`` whole groups is
+    split across the processes by whole groups, and the gradient averaged over them (DDP) is the
+    one-process gradient of the whole mini-batch. ``backend``: ``gloo`` (CPU or CUDA) or ``nccl``
+    (CUDA only: needs ``policy.device: cuda``). The train stage starts the processes itself with
+    torch's launcher, or joins the process group of ``torchrun`` when started under it (the
+    ``RANK`` / ``WORLD_SIZE`` environment). ``fsdp`` (sharding the base weights) is not built and
+    is refused. How a stage runs, not what it computes: left out of the cache keys (results agree
+    with one process to float rounding).
+    """
+
+    backend: Literal["gloo", "nccl"] = "gloo"
+    world_size: int = Field(default=1, ge=1)
+    fsdp: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "DistributedConfig":
+        if self.fsdp:
+            raise ValueError("train.distributed.fsdp: FSDP (sharded base weights) is not built; LoRA training "
+                             "replicates the base model on every process (DDP)")
+        return self
+
+
 class TrainConfig(_Strict):
     """GRPO / GSPO / GSPO-token on a LoRA adapter. See ``tasks/train/losses.py`` for the objectives
     and ``tasks/train/trainer.py`` for the loop.
@@ -320,6 +345,8 @@ class TrainConfig(_Strict):
     ``save_every``: also save the adapter every this many optimizer steps as an extra checkpoint
     ``<arm>-step<n>`` (``train/checkpoints/<arm>/step-<n>``), which the sealed evaluation
     evaluates like the others: held-out pass@1 against the training step.
+    ``distributed``: data-parallel training over several processes (:class:`DistributedConfig`;
+    absent: one process).
     ``share_prompt``: run each distinct first prompt once per micro-batch and share its keys and
     values among the group's samples (same values and gradients, less compute).
     ``gradient_checkpointing``: recompute activations in the backward pass (less memory, ~30%
@@ -361,6 +388,12 @@ class TrainConfig(_Strict):
     gradient_checkpointing: bool = False
     kl: KLConfig = Field(default_factory=KLConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    distributed: DistributedConfig | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Processes the train stage trains on (1 without ``distributed``)."""
+        return self.distributed.world_size if self.distributed is not None else 1
 
     @property
     def old_source(self) -> str:
@@ -671,6 +704,12 @@ class RunConfig(_Strict):
                                  "sampling uses the "
                                  "trainer's in-memory policy, which worker processes cannot load; use task_runner "
                                  "'thread' or 'serial'")
+            if tc.world_size > 1 and tc.mode == "online":
+                raise ValueError(f"{where}.distributed.world_size={tc.world_size} with {where}.mode='online': "
+                                 "distributed online training is not built; use mode 'frozen' or world_size 1")
+            if tc.distributed is not None and tc.distributed.backend == "nccl" and self.policy.device != "cuda":
+                raise ValueError(f"{where}.distributed.backend='nccl' needs CUDA (policy.device: cuda); use backend "
+                                 "'gloo' on the CPU")
             if tc.mode == "online" and self.policy.engine == "openai":
                 raise ValueError(f"policy.engine='openai' with {where}.mode='online': online sampling needs an engine "
                                  "the trainer can load its weights into; use policy.engine 'vllm' or 'hf'")
@@ -746,6 +785,8 @@ class RunConfig(_Strict):
         """SHA-256 of the canonical JSON of the whole config (an absent optional section, ``arms`` =
         None, left out, so configs without it keep their hash)."""
         dump = self.model_dump(mode="json")
+        if dump["train"].get("distributed") is None:  # added later: configs without it keep their hash
+            dump["train"].pop("distributed", None)
         return sha256_json({k: v for k, v in dump.items() if not (k in OPTIONAL_SECTIONS and v is None)})
 
     def section_hash(self, *sections: str) -> str:

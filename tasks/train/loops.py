@@ -6,11 +6,17 @@ pass from the config seed, and call :meth:`tasks.train.trainer.Trainer.step` onc
 Both save a resumable state (adapter, AdamW state, RNG, step, the batch's old log-probs, metric
 rows) every ``train.checkpoint_every`` steps; a resumed frozen run ends bit-identical to an
 uninterrupted one.
+
+Inside a torch.distributed process group (:mod:`tasks.train.distributed`) every rank runs the
+same loop on the same data and trains its share of each mini-batch; only rank 0 logs, calls
+``after_step``, writes the resumable state and saves the adapter; every rank resumes from the
+state file (on a shared file system across hosts).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +99,13 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
             step (with the old log-probs of that epoch) and ends bit-identical to an uninterrupted
             run; a state that already holds every step only saves its adapter.
         stop_after: raise :class:`TrainingInterrupted` after this many steps of this call.
-        after_step: called with the trainer and the row after every step (e.g. snapshots).
+        after_step: called with the trainer and the row after every step (e.g. snapshots); on
+            rank 0 only under several processes.
+
+    Under a torch.distributed process group of N > 1 processes (``train.distributed``; started
+    by :func:`train_distributed` or ``torchrun``) every rank calls this with the same arguments;
+    rank 0 returns the result and writes ``out_dir`` and ``state_path``, the others return the
+    same rows without writing anything.
 
     Raises:
         ValueError: no sequences, or no policy-generated token among them.
@@ -101,7 +113,11 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
     """
     from tasks.progress import progress
 
+    from tasks.train.distributed import barrier, context
+
     tc = cfg.train
+    main = context().is_main
+    log = log if main else _silent
     trainer = Trainer(cfg, model_dir, log)
     if not seqs:
         raise ValueError("train: no usable episodes (all were infra errors, dropped, or there were none)")
@@ -125,6 +141,7 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
             batch = trainer.new_batch(seqs, epoch=st["epoch"], dropped=dropped,
                                       layout_seed=seed_from(cfg.seed, "minibatch", st["epoch"], 0))
             batch.old, batch.old_version, batch.mismatch = st["old"], st["old_version"], st["mismatch"]
+    barrier(trainer.dist)  # every rank has read the state before rank 0 may rewrite it
     done_here = 0
     with progress("train steps", total - trainer.version, "steps") as advance:
         for n, (epoch, ppo, b_idx, idx) in enumerate(schedule, start=1):
@@ -139,15 +156,66 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
             timing.append(t)
             done_here += 1
             advance(1)
-            if after_step is not None:
+            if after_step is not None and main:
                 after_step(trainer, row)
-            if state_path is not None and (trainer.version % tc.checkpoint_every == 0 or trainer.version == total):
+            if main and state_path is not None and (trainer.version % tc.checkpoint_every == 0 or
+                                                    trainer.version == total):
                 _save_state(state_path, trainer.state(resume_key=resume_key, rows=rows, timing=timing, epoch=epoch,
                                                       old=batch.old, old_version=batch.old_version,
                                                       mismatch=batch.mismatch))
             if stop_after is not None and done_here >= stop_after and trainer.version < total:
                 raise TrainingInterrupted(f"stopped after step {trainer.version} (stop_after={stop_after})")
-    return TrainResult(steps=rows, timing=timing, adapter_dir=trainer.save_adapter(out_dir))
+    return TrainResult(steps=rows, timing=timing, adapter_dir=trainer.save_adapter(out_dir) if main else out_dir)
+
+
+def _silent(_msg: str) -> None:
+    """The log of ranks other than 0."""
+
+
+def _train_in_group(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: Path,
+                    log: Callable[[str], None], kw: dict[str, Any]) -> TrainResult:
+    """One spawned rank of :func:`train_distributed` (module level, so that it pickles)."""
+    return train(cfg, model_dir, seqs, out_dir, log, **kw)
+
+
+def train_distributed(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: Path,
+                      log: Callable[[str], None] = print, **kw: Any) -> TrainResult:
+    """:func:`train` over ``train.distributed.world_size`` processes (data-parallel, DDP).
+
+    With one process: :func:`train` here. Under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set), on
+    rank 0: joins the group (``train.distributed.backend``) unless joined, sends this call to the
+    other ranks, which wait in :func:`tasks.train.distributed.follow` (``harnessrl train``), and
+    trains with them; the caller ends the group (:func:`tasks.train.distributed.finish`).
+    Otherwise starts the processes with torch's launcher (:func:`tasks.train.distributed.launch`,
+    spawn) and returns rank 0's result. Either way every argument must pickle (``log`` and
+    ``after_step``: module-level functions, loggers' bound methods, picklable objects).
+
+    Raises:
+        RuntimeError: the backend cannot run here (``nccl`` without CUDA); under ``torchrun``,
+            ``WORLD_SIZE`` differs from ``train.distributed.world_size`` or this is not rank 0.
+        torch.multiprocessing.ProcessRaisedException: a spawned rank raised (its traceback in
+            the message), e.g. :class:`TrainingInterrupted` or ValueError of :func:`train`.
+    """
+    import torch.distributed as dist
+
+    from tasks.train import distributed as D
+
+    dc = cfg.train.distributed
+    world = dc.world_size if dc is not None else 1
+    backend = dc.backend if dc is not None else "gloo"
+    if D.under_torchrun():
+        env_world = int(os.environ["WORLD_SIZE"])
+        if env_world != world:
+            raise RuntimeError(f"train.distributed.world_size={world} but torchrun started {env_world} processes "
+                               f"(WORLD_SIZE); set train.distributed.world_size: {env_world}")
+        if D.join(backend).rank != 0:
+            raise RuntimeError("train_distributed runs on rank 0 under torchrun; the other ranks wait in "
+                               "tasks.train.distributed.follow (harnessrl train)")
+        D.send_job(_train_in_group, (cfg, model_dir, seqs, out_dir, log, kw))
+        return train(cfg, model_dir, seqs, out_dir, log, **kw)
+    if world == 1 or (dist.is_available() and dist.is_initialized()):
+        return train(cfg, model_dir, seqs, out_dir, log, **kw)
+    return D.launch(_train_in_group, (cfg, model_dir, seqs, out_dir, log, kw), world, backend)
 
 
 @dataclass

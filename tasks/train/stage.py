@@ -27,7 +27,10 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     Every arm starts from the same inputs and seed with its own TrainConfig. Its resumable state is
     ``train/state/<arm>/trainer_state.pt`` (``train/state/trainer_state.pt`` without ``arms``), keyed
     by the arm's config and the inputs, so a rerun after a crash finishes the arms already done at
-    once and resumes the interrupted one. Checkpoints: ``train/checkpoints/<arm>/step-<steps>``
+    once and resumes the interrupted one. With ``train.distributed.world_size`` N > 1 a frozen arm
+    trains data-parallel over N processes (:func:`tasks.train.loops.train_distributed`: started
+    here with torch's launcher, or joining ``torchrun``'s group); rank 0 writes the adapter, the
+    state and the snapshots. Checkpoints: ``train/checkpoints/<arm>/step-<steps>``
     (``train/checkpoints/step-<steps>`` without ``arms``).
 
     Returns ``train_steps`` (one row per optimizer step, tagged with its ``arm``; wall-clock timing
@@ -45,7 +48,7 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
             with no hint or revision to train on.
     """
     from tasks.rollout.models import model_id, resolve_model
-    from tasks.train.loops import train, train_online
+    from tasks.train.loops import train_distributed, train_online
     from tasks.train.sequences import build_sequences
     from tasks.train.trainer import normalize_adapter_config
 
@@ -94,20 +97,19 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
             log.info("train: arm %s (%s, %s, grouping %s)", arm, arm_train.algorithm, arm_train.mode,
                      arm_train.grouping)
             snapshots: list[dict[str, Any]] = []
-            snap = _snapshotter(store, arm_train, arm, sub, base_id, Path(tmp), snapshots)
+            snap = _Snapshotter(store, arm_train, arm, sub, base_id, Path(tmp), snapshots)
             if arm_train.mode == "frozen":
                 seqs, dropped = build_sequences(plain_eps, turns, sampling, drop_stop_reasons=arm_train.drop_stop_reasons,
                                                 truncated_reward=arm_train.truncated_reward)
-                result = train(acfg, model_dir, seqs + talk_seqs, Path(tmp) / "adapter", log=log.info,
-                               dropped=dropped, state_path=state, resume_key=resume_key,
-                               after_step=lambda tr, row: snap(tr))
+                result = train_distributed(acfg, model_dir, seqs + talk_seqs, Path(tmp) / "adapter", log=log.info,
+                                           dropped=dropped, state_path=state, resume_key=resume_key, after_step=snap)
             else:
                 sample, release = _online_sampler(store, acfg, inputs, specs, sampling, base_id,
                                                   arm if multi else None)
                 try:
                     result, arm_online = train_online(acfg, model_dir, sample, Path(tmp) / "adapter", log=log.info,
                                                       state_path=state, resume_key=resume_key,
-                                                      after_iteration=lambda tr, it: snap(tr))
+                                                      after_iteration=snap)
                 finally:
                     release()
                 online += arm_online
@@ -139,25 +141,30 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     return out
 
 
-def _snapshotter(store: ArtifactStore, tc: Any, arm: str, sub: str, base_id: str, tmp: Path,
-                 out: list[dict[str, Any]]) -> Callable[[Any], None]:
-    """A callback saving the trainer's adapter every ``train.save_every`` optimizer steps as the
-    checkpoint ``<arm>-step<n>`` (``train/checkpoints/<sub>step-<n>``), appending its row to
-    ``out``; a no-op without ``save_every``. A step already saved (a resumed run) is skipped."""
-    from tasks.train.trainer import normalize_adapter_config
+class _Snapshotter:
+    """A callback ``(trainer, *_)`` saving the trainer's adapter every ``train.save_every``
+    optimizer steps as the checkpoint ``<arm>-step<n>`` (``train/checkpoints/<sub>step-<n>``),
+    appending its row to ``out``; a no-op without ``save_every``. A step already saved (a resumed
+    run) is skipped. It pickles (the spawned processes of distributed training call it on rank 0;
+    their ``out`` does not come back, and :func:`_snapshot_rows` reads those snapshots back from
+    the store)."""
 
-    def snap(trainer: Any) -> None:
+    def __init__(self, store: ArtifactStore, tc: Any, arm: str, sub: str, base_id: str, tmp: Path,
+                 out: list[dict[str, Any]]):
+        self.store, self.tc, self.arm, self.sub, self.base_id, self.tmp, self.out = store, tc, arm, sub, base_id, tmp, out
+
+    def __call__(self, trainer: Any, *_: Any) -> None:
+        from tasks.train.trainer import normalize_adapter_config
+
         n = trainer.version
-        if not tc.save_every or n % tc.save_every or any(c["step"] == n for c in out):
+        if not self.tc.save_every or n % self.tc.save_every or any(c["step"] == n for c in self.out):
             return
-        d = trainer.save_adapter(tmp / f"snapshot-{n}")
-        normalize_adapter_config(d, base_model_id=base_id)
-        rel = f"train/checkpoints/{sub}step-{n}"
-        store.put_dir(rel, d)
-        out.append({"name": f"{arm}-step{n}", "step": n, "path": rel, "adapter_sha256": sha256_dir(d),
-                    "base_model_id": base_id})
-
-    return snap
+        d = trainer.save_adapter(self.tmp / f"snapshot-{n}")
+        normalize_adapter_config(d, base_model_id=self.base_id)
+        rel = f"train/checkpoints/{self.sub}step-{n}"
+        self.store.put_dir(rel, d)
+        self.out.append({"name": f"{self.arm}-step{n}", "step": n, "path": rel, "adapter_sha256": sha256_dir(d),
+                         "base_model_id": self.base_id})
 
 
 def _snapshot_rows(store: ArtifactStore, tc: Any, arm: str, sub: str, base_id: str, total: int,

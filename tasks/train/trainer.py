@@ -20,6 +20,14 @@ data whose old log-probs are fixed together (one frozen-mode epoch, or one onlin
    gradient;
 5. gradient clipping, one AdamW step; the policy version is the number of steps taken.
 
+Data-parallel (``train.distributed``, :mod:`tasks.train.distributed`): under a process group of
+N > 1 processes each step's mini-batch is split across them by whole groups; each process runs
+its share's micro-batches with the mini-batch's global denominators, its loss scaled by N, and
+DistributedDataParallel averages the gradients (one all-reduce per step, the other micro-batches
+under ``no_sync``), so every process takes the one-process step. The no-grad passes that fix a
+batch's old and reference log-probs are split the same way and gathered; the step's metrics are
+summed over the processes.
+
 Memory: the frozen base weights are held in ``policy.autocast_dtype`` (bf16 by default; float32
 when autocast is off), the LoRA weights and the AdamW state in float32; forward passes under bf16
 autocast. The loops over batches are in :mod:`tasks.train.loops`.
@@ -30,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -100,6 +109,24 @@ def _stack(per_seq: dict[int, Any], idx: list[int], width: int) -> Any:
     return out
 
 
+def _logprob_module(model: Any) -> Any:
+    """An ``nn.Module`` whose forward is :func:`sequence_logprobs` of ``model``: what DDP wraps, so
+    that the trainer's forward passes go through DDP's ``forward`` (which prepares its gradient
+    all-reduce) while the model keeps its peft interface."""
+    import torch
+
+    class LogprobModule(torch.nn.Module):
+        def __init__(self, inner: Any):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids: Any, attn: Any, mask: Any, key: tuple[float, int, float], ac: Callable[[], Any],
+                    with_entropy: bool, kw: dict[str, Any]) -> tuple[Any, Any]:
+            return sequence_logprobs(self.inner, ids, attn, mask, key, ac, with_entropy=with_entropy, **kw)
+
+    return LogprobModule(model)
+
+
 class Trainer:
     """One LoRA policy, its optimizer and its reference, stepping over mini-batches.
 
@@ -107,6 +134,10 @@ class Trainer:
     base model for a fresh adapter (LoRA B = 0, so the adapter-disabled model is that policy,
     exactly), or a frozen second copy of ``init_adapter``; or the base model with the adapter
     disabled (``reference: base``).
+
+    Inside a torch.distributed process group of N > 1 processes (:mod:`tasks.train.distributed`)
+    the model is wrapped in DistributedDataParallel and every step trains this rank's share of the
+    mini-batch; every rank must call the same methods with the same data.
     """
 
     def __init__(self, cfg: RunConfig, model_dir: Path, log: Callable[[str], None] = print):
@@ -141,6 +172,19 @@ class Trainer:
         self.ac = lambda: autocast(self.device, cfg.policy.autocast_dtype)  # noqa: E731
         self.version = 0
         self.level = {"grpo": "token", "gspo": "sequence", "gspo_token": "sequence_token"}[tc.algorithm]
+        from tasks.train.distributed import context
+
+        self.dist = context()
+        self.ddp: Any = None
+        if self.dist.world_size > 1:  # the base weights are frozen: DDP all-reduces only the LoRA gradients
+            from torch.nn.parallel import DistributedDataParallel
+
+            with warnings.catch_warnings():  # torch 2.13 renames the flag; the meaning we need is this one
+                warnings.simplefilter("ignore", FutureWarning)
+                # no buffer broadcast: ranks run different numbers of forwards per step (no_sync
+                # micro-batches), and the buffers (rotary frequencies) are identical anyway
+                self.ddp = DistributedDataParallel(_logprob_module(self.model), device_ids=None,
+                                                   broadcast_buffers=False)
 
     # ---- log-prob passes -------------------------------------------------------------------
     def _prefix_kw(self, seqs: list[TrainSequence], idx: list[int]) -> dict[str, Any]:
@@ -182,6 +226,13 @@ class Trainer:
                     out[i] = lp[r, : len(seqs[i].ids) - 1]
         return out
 
+    def share(self, plan: GroupPlan, seqs: list[TrainSequence], idx: list[int]) -> list[int]:
+        """This rank's part of ``idx`` (whole groups, balanced by tokens; :func:`tasks.train.
+        distributed.my_share`), in the order of ``idx``; ``idx`` itself on one process."""
+        from tasks.train.distributed import my_share
+
+        return my_share(idx, lambda i: plan.group_ids[i], lambda i: float(len(seqs[i].ids)), self.dist)
+
     def _ref_is_current(self) -> bool:
         """Before the first step the current policy *is* the reference (a fresh adapter, or the
         starting adapter kept as the reference): one pass serves both."""
@@ -207,6 +258,7 @@ class Trainer:
         import torch
 
         from tasks.train.batches import minibatches
+        from tasks.train.distributed import gather_dict
         from tasks.train.losses import masked
 
         tc, kl_cfg = self.tc, self.tc.kl
@@ -227,11 +279,13 @@ class Trainer:
             todo = self._active(idx, static, kl_on)
             if not todo:
                 continue
-            cur = self.passes(seqs, todo, "policy") if (recompute or (kl_on and self._ref_is_current())) else {}
-            missing = [i for i in todo if i not in ref] if kl_on else []
-            if missing:
-                ref.update({i: cur[i] for i in missing} if self._ref_is_current() else
-                           self.passes(seqs, missing, "reference"))
+            mine = self.share(plan, seqs, todo)  # the sequences this rank's step will train on, same shapes
+            cur = self.passes(seqs, mine, "policy") if (recompute or (kl_on and self._ref_is_current())) else {}
+            missing = [i for i in mine if i not in ref] if kl_on else []
+            new_ref = ({i: cur[i] for i in missing} if self._ref_is_current() else
+                       self.passes(seqs, missing, "reference")) if missing else {}
+            cur, new_ref = gather_dict(cur, self.dist), gather_dict(new_ref, self.dist)
+            ref.update(new_ref)
             for i in todo:
                 old[i] = cur[i] if recompute else torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
         mismatch = None
@@ -286,6 +340,10 @@ class Trainer:
              ) -> tuple[dict[str, Any], dict[str, float]]:
         """One optimizer step on the mini-batch ``idx`` (indices into ``b.seqs``, whole groups).
 
+        Under N > 1 processes this rank runs its share (:meth:`share`) with the mini-batch's global
+        denominators and its loss scaled by N; DDP's averaged gradient is then the gradient of the
+        whole mini-batch, and the row's metrics are summed over the ranks (the same row on each).
+
         Returns the ``train_steps`` row and its wall-clock timing. Raises FloatingPointError on a
         non-finite gradient norm."""
         import json
@@ -305,30 +363,38 @@ class Trainer:
         active = self._active(idx, b.static_adv, kl_cfg.beta > 0)
         num_tokens = float(sum(sum(seqs[i].mask[1:]) for i in idx))
         num_seqs = float(sum(1 for i in idx if sum(seqs[i].mask[1:]) > 0))
+        mine = self.share(b.plan, seqs, active)
+        world = float(self.dist.world_size)
         self.opt.zero_grad(set_to_none=True)
         tot = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0}
         r_min, r_max, r_sum, seen = math.inf, -math.inf, 0.0, 0.0
         mis_sum, mis_max, mis_n = 0.0, 0.0, 0
         measure_mismatch = b.mismatch is None
-        for local in micro_batches([seqs[i] for i in active], tc.micro_batch_size):
-            mb = [active[j] for j in local]
+        mbs = [[mine[j] for j in local] for local in micro_batches([seqs[i] for i in mine], tc.micro_batch_size)]
+        if self.ddp is not None and active and not mbs:  # nothing of this rank's: join the all-reduce with 0
+            ids, attn, mask, _ = pad_batch(seqs, active[:1], self.pad_id)
+            logp, _ = self._forward(ids, attn, mask, seqs[active[0]].sampling_key, False, {})
+            (logp.sum() * 0.0).backward()
+        for n_mb, mb in enumerate(mbs):
             ids, attn, mask, blogp = pad_batch(seqs, mb, self.pad_id)
             old_lp = _stack(b.old, mb, mask.shape[1])
             ref_lp = _stack(b.ref, mb, mask.shape[1]) if b.ref else None
-            logp, ent = sequence_logprobs(self.model, ids.to(self.device), attn.to(self.device), mask,
-                                          seqs[mb[0]].sampling_key, self.ac, with_entropy=True,
-                                          **self._prefix_kw(seqs, mb))
-            weights = truncated_is_weights(old_lp, blogp, mask, tc.tis_cap, self.level) if tc.tis_cap else None
-            pg, met = policy_loss(logp, old_lp, torch.stack([adv_of[i] for i in mb]), mask, level=self.level,
-                                  clip_low=tc.clip_low, clip_high=tc.clip_high, agg=tc.agg, max_len=tc.max_len,
-                                  num_tokens=num_tokens, num_seqs=num_seqs, weights=weights)
-            k = kl_estimate(logp, ref_lp, kl_cfg.estimator, mask=mask) if ref_lp is not None else None
-            loss = pg
-            if kl_in_loss:
-                k_loss = importance_weighted(k, logp, old_lp, mask) if kl_cfg.importance_weighted else k
-                loss = loss + kl_cfg.beta * agg_loss(k_loss, mask, tc.agg, max_len=tc.max_len,
-                                                     num_tokens=num_tokens, num_seqs=num_seqs)
-            loss.backward()
+            # DDP all-reduces at the backward of this rank's last micro-batch only
+            sync = self.ddp is None or n_mb == len(mbs) - 1
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                logp, ent = self._forward(ids, attn, mask, seqs[mb[0]].sampling_key, True, self._prefix_kw(seqs, mb))
+                weights = truncated_is_weights(old_lp, blogp, mask, tc.tis_cap, self.level) if tc.tis_cap else None
+                pg, met = policy_loss(logp, old_lp, torch.stack([adv_of[i] for i in mb]), mask, level=self.level,
+                                      clip_low=tc.clip_low, clip_high=tc.clip_high, agg=tc.agg, max_len=tc.max_len,
+                                      num_tokens=num_tokens, num_seqs=num_seqs, weights=weights)
+                k = kl_estimate(logp, ref_lp, kl_cfg.estimator, mask=mask) if ref_lp is not None else None
+                loss = pg
+                if kl_in_loss:
+                    k_loss = importance_weighted(k, logp, old_lp, mask) if kl_cfg.importance_weighted else k
+                    loss = loss + kl_cfg.beta * agg_loss(k_loss, mask, tc.agg, max_len=tc.max_len,
+                                                         num_tokens=num_tokens, num_seqs=num_seqs)
+                # DDP averages over the ranks: scaled by N, the average is the sum of the shares
+                (loss * world if world > 1 else loss).backward()
             m_tokens = float(mask.sum())
             seen += m_tokens
             tot["loss"] += float(loss.detach())
@@ -342,6 +408,9 @@ class Trainer:
                 d = (logp.detach() - blogp).abs()[mask.bool()]
                 mis_sum, mis_n = mis_sum + float(d.sum()), mis_n + d.numel()
                 mis_max = max(mis_max, float(d.max())) if d.numel() else mis_max
+        if self.ddp is not None:  # the whole mini-batch's sums, minima and maxima on every rank
+            tot, seen, r_sum, mis_sum, mis_n, r_min, r_max, mis_max = self._reduce_metrics(
+                tot, seen, r_sum, mis_sum, mis_n, r_min, r_max, mis_max)
         for key in ("kl", "entropy", "clip_frac"):  # token means over the sequences trained on
             tot[key] = tot[key] / seen if seen else (float("nan") if key == "kl" else 0.0)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, tc.max_grad_norm)) if active else 0.0
@@ -371,6 +440,32 @@ class Trainer:
                  f"kl {tot['kl']:.5f} clip {tot['clip_frac']:.3f} ratio [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}] "
                  f"grad {grad_norm:.3f} staleness {staleness} ({dt:.1f} s)")
         return row, {"step": self.version, "seconds": dt, "tokens_per_s": seen / dt if dt > 0 else 0.0}
+
+    def _forward(self, ids: Any, attn: Any, mask: Any, key: tuple[float, int, float], with_entropy: bool,
+                 kw: dict[str, Any]) -> tuple[Any, Any]:
+        """:func:`sequence_logprobs` of the policy (through DDP under several processes)."""
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        if self.ddp is not None:
+            return self.ddp(ids, attn, mask, key, self.ac, with_entropy, kw)
+        return sequence_logprobs(self.model, ids, attn, mask, key, self.ac, with_entropy=with_entropy, **kw)
+
+    def _reduce_metrics(self, tot: dict[str, float], seen: float, r_sum: float, mis_sum: float, mis_n: int,
+                        r_min: float, r_max: float, mis_max: float) -> tuple[Any, ...]:
+        """A step's metric sums, minima and maxima over every rank (``all_reduce`` SUM / MAX)."""
+        import torch
+        import torch.distributed as dist
+
+        keys = list(tot)
+        dev = self.device if dist.get_backend() == "nccl" else "cpu"
+        sums = torch.tensor([tot[k] for k in keys] + [seen, r_sum, mis_sum, float(mis_n)], dtype=torch.float64,
+                            device=dev)
+        maxes = torch.tensor([-r_min, r_max, mis_max], dtype=torch.float64, device=dev)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        s, m = sums.tolist(), maxes.tolist()
+        out = dict(zip(keys, s[:len(keys)]))
+        seen, r_sum, mis_sum, mis_n = s[len(keys):]
+        return out, seen, r_sum, mis_sum, int(mis_n), -m[0], m[1], m[2]
 
     def inference_model(self, dtype: str) -> Any:
         """A plain copy of the current policy for sampling: the adapter merged into the weights

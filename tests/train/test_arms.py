@@ -35,6 +35,7 @@ def test_without_arms_there_is_one_final_arm_and_hashes_do_not_change():
     from tasks.hashing import sha256_json
 
     dump = c.model_dump(mode="json")
+    assert dump["train"].pop("distributed") is None  # train.distributed, absent, is left out the same way
     assert [dump.pop(k) for k in ("arms", "sweep", "quick")] == [None] * 3 and c.config_hash() == sha256_json(dump)
     with_arms = _cfg(train={"epochs": 3}, arms=[{"name": "a"}])
     assert with_arms.section_hash("policy", "train", "arms") != with_arms.section_hash("policy", "train")
