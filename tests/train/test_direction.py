@@ -10,6 +10,8 @@
   one and leaves it unchanged when they are equal.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -198,3 +200,35 @@ def test_truncated_is_weights_the_update_by_the_known_sampler_mismatch(tiny_mode
     assert (shifted - plain).abs().max() > 1e-4
     # a cap of 1 truncates every weight above 1 back to 1: the update is the plain one again
     assert torch.allclose(update(-0.4, 1.0), plain, atol=1e-6)
+
+
+def test_importance_weighted_kl_alone_scales_by_the_known_behaviour_ratio(tiny_model_dir, away_from_reference):
+    """KL alone (advantage 0, k3 in the loss, a starting policy away from the reference), one
+    sequence of n = 3 tokens whose behaviour log-probs are the current policy's + s per token: with
+    ``importance_weighted`` its KL is weighted by rho = pi_theta / pi_behaviour = exp(-s n) at the
+    current weights, so the whole gradient is exp(-s n) times the one at s = 0 (P5's rho * k3).
+    Without importance weighting the behaviour never enters the KL: the gradient does not move."""
+    comp = [301, 302, 303]
+
+    def grad(shift, weighted):
+        cfg = _cfg(tiny_model_dir, init_adapter=str(away_from_reference), reference="base", max_grad_norm=1e9,
+                   old_logprobs="sampler", kl={"estimator": "k3", "placement": "loss", "beta": 1.0,
+                                               "importance_weighted": weighted})
+        # float32 weights: the step's forward pass gives the same log-probs as this one to rounding
+        cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"autocast_dtype": "float32"})})
+        tr = Trainer(cfg, tiny_model_dir, log=_quiet)
+        cur = tr.passes([_seq(0, PROMPT, comp, 0.5)], [0], "policy")[0]
+        seq = _seq(0, PROMPT, comp, 0.5, (cur[len(PROMPT) - 1:] + shift).tolist())
+        b = tr.new_batch([seq])
+        assert b.static_adv.abs().max() == 0.0
+        tr.step(b, [0])
+        return torch.cat([p.grad.detach().flatten() for p in tr.params])
+
+    plain, weighted = grad(0.0, False), grad(0.0, True)
+    assert plain.abs().max() > 1e-6  # the KL term alone has a gradient here
+    assert torch.equal(grad(0.3, False), plain)
+    # rho = 1 here, but its score-function part k3 * grad log pi is in the weighted gradient
+    assert (weighted - plain).abs().max() > 1e-4 * plain.abs().max()
+    shifted, want = grad(0.3, True), math.exp(-0.3 * len(comp)) * weighted
+    big = want.abs() > 1e-3 * want.abs().max()  # the entries above float32 rounding noise
+    assert float(((shifted - want).abs() / want.abs())[big].max()) < 1e-3
