@@ -139,18 +139,23 @@ def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:
 
 @app.command()
 def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
-    """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain); exit 1 on any change."""
+    """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain, statistics,
+    exports, Inspect logs). Exit 0: verified; 1: tampered (the first difference is named);
+    2: not a run, or unreadable (one line says which)."""
     from schemas import ArtifactError, ArtifactStore
-    from tasks.evaluate.seal import SealError
     from tasks.evaluate.exports import check_inspect_logs
-    from tasks.evaluate.stage import verify_run
+    from tasks.evaluate.seal import SealError
+    from tasks.evaluate.verify import NotARunError, verify_run
 
     if not run_dir.is_dir():
-        typer.secho(f"{run_dir}: no such run folder", fg="red", err=True)
+        typer.secho(f"NOT A RUN: {run_dir}: no such folder", fg="red", err=True)
         raise typer.Exit(2)
     try:
         rep = verify_run(ArtifactStore(run_dir))
         check_inspect_logs(str(run_dir), strict=True)  # the Inspect logs against the sealed rows (SealError)
+    except NotARunError as e:
+        typer.secho(f"NOT A RUN: {e}", fg="red", err=True)
+        raise typer.Exit(2)
     except (SealError, ArtifactError, KeyError, ValueError) as e:
         typer.secho(f"VERIFY FAILED: {e}", fg="red", err=True)
         raise typer.Exit(1)

@@ -9,13 +9,12 @@ Order of operations (the point of sealing):
    referring to the original), their turns streamed to ``eval_turns`` shard by shard; rows are
    chained to the plan hash (plan order, retries after) and written; then the statistics
    (``eval_cells``, ``eval_contrasts``) and the exports.
-``harnessrl verify RUN_DIR`` recomputes everything (:func:`verify_run`).
+``harnessrl verify RUN_DIR`` recomputes everything (:func:`tasks.evaluate.verify.verify_run`).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import tempfile
 import time
@@ -25,7 +24,7 @@ from typing import Any, Callable
 
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
-from tasks.evaluate.seal import SealError, VerifyReport, plan_hash, seal_rows, verify_chain
+from tasks.evaluate.seal import plan_hash, seal_rows
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
 from tasks.rollout.stage import harness_specs, iter_records
@@ -33,8 +32,7 @@ from tasks.train.stage import LeakageError
 
 log = logging.getLogger("harnessrl.evaluate")
 
-PLAN = "evaluate/plan.json"
-PLAN_HASH = "evaluate/plan.sha256"
+from tasks.evaluate.verify import PLAN, PLAN_HASH, verify_run  # noqa: F401 - verify_run: re-exported
 
 
 class _Ticker:
@@ -288,56 +286,3 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                   {s.name: s.render_system() for s in specs.values()})
     tick("exports")
     return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref, "eval_turns": turns_ref}
-
-
-def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """Recompute ``eval_cells`` and ``eval_contrasts`` from the verified rows and the plan (the
-    bootstrap is seeded from the plan) and compare them with the files, row by row."""
-    from tasks.evaluate.stats import cell_table, contrast_table
-
-    cells = cell_table(rows, plan, plan["min_graded_fraction"])
-    want = {"eval_cells": cells,
-            "eval_contrasts": contrast_table(rows, plan, cells, alpha=plan["alpha"],
-                                             resamples=plan["bootstrap_resamples"], power=plan["power"])}
-    for name, expected in want.items():
-        got = store.raw_rows("evaluate", name)
-        if len(got) != len(expected):
-            raise SealError(f"evaluate/{name}.parquet: {len(got)} rows, recomputed {len(expected)}")
-        for i, (g, e) in enumerate(zip(got, expected)):
-            if g != e:
-                col = next(k for k in e if g.get(k) != e[k])
-                raise SealError(f"evaluate/{name}.parquet row {i}: {col}={g.get(col)!r}, recomputed {e[col]!r}")
-
-
-def verify_run(store: ArtifactStore) -> VerifyReport:
-    """Recompute the sealed evaluation of a run from its files: the plan hash, the checkpoint
-    files, the talkmesh confidence head (when the plan names one), the hash chain, and (when
-    present) the statistics tables recomputed from the rows.
-
-    Raises:
-        SealError: the plan, a checkpoint's files or a row changed (the message says which).
-        ArtifactError: the evaluations file is missing or fails its contract or manifest hash.
-    """
-    plan = store.read_json(PLAN)
-    committed = store.read_bytes(PLAN_HASH).decode().strip()
-    # the rows without the manifest-hash check: verify must name the broken row, not just the file
-    rows = store.raw_rows("evaluate", "evaluations")
-
-    def ck_sha(ck: dict[str, Any]) -> str:
-        with tempfile.TemporaryDirectory() as tmp:
-            return sha256_dir(store.get_dir(ck["path"], Path(tmp) / "ck"))
-
-    report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
-    if "talkmesh_head" in plan:  # the confidence head the talkmesh attempts were scored with
-        head = plan["talkmesh_head"]
-        now = hashlib.sha256(store.read_bytes(head["path"])).hexdigest()
-        if now != head["sha256"]:
-            raise SealError(f"{head['path']}: SHA-256 {now[:16]}... != planned {head['sha256'][:16]}... (the talkmesh "
-                            "confidence head changed after the evaluation was sealed)")
-    if store.exists("evaluate/eval_cells.parquet"):
-        _verify_stats(store, plan, rows)
-    manifest = store.manifest("evaluate", "evaluations")
-    file_sha = hashlib.sha256(store.read_bytes("evaluate/evaluations.parquet")).hexdigest()
-    if file_sha != manifest["sha256"]:
-        raise SealError(f"evaluate/evaluations.parquet: SHA-256 {file_sha[:16]}... differs from its manifest")
-    return report
