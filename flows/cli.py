@@ -138,9 +138,11 @@ def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:
 
 
 @app.command()
-def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
+def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
+           public_key: Optional[Path] = typer.Option(None, "--public-key",
+                                                     help="the expected Ed25519 public key (PEM) of the signer")) -> None:
     """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain, statistics,
-    exports, Inspect logs). Exit 0: verified; 1: tampered (the first difference is named);
+    exports, Inspect logs) and its Ed25519 signatures (with --public-key: by that key). Exit 0: verified; 1: tampered (the first difference is named);
     2: not a run, or unreadable (one line says which)."""
     from schemas import ArtifactError, ArtifactStore
     from tasks.evaluate.exports import check_inspect_logs
@@ -150,8 +152,22 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
     if not run_dir.is_dir():
         typer.secho(f"NOT A RUN: {run_dir}: no such folder", fg="red", err=True)
         raise typer.Exit(2)
+    expected = None
+    if public_key is not None:
+        try:
+            expected = public_key.read_bytes()
+        except OSError as e:
+            typer.secho(f"--public-key={str(public_key)!r}: cannot be read ({e.strerror})", fg="red", err=True)
+            raise typer.Exit(2)
+        from tasks.evaluate.signing import fingerprint
+
+        try:
+            fingerprint(expected)
+        except ValueError as e:
+            typer.secho(f"--public-key={str(public_key)!r}: not an Ed25519 public key in PEM ({e})", fg="red", err=True)
+            raise typer.Exit(2)
     try:
-        rep = verify_run(ArtifactStore(run_dir))
+        rep = verify_run(ArtifactStore(run_dir), public_key=expected)
         check_inspect_logs(str(run_dir), strict=True)  # the Inspect logs against the sealed rows (SealError)
     except NotARunError as e:
         typer.secho(f"NOT A RUN: {e}", fg="red", err=True)
@@ -159,7 +175,8 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
     except (SealError, ArtifactError, KeyError, ValueError) as e:
         typer.secho(f"VERIFY FAILED: {e}", fg="red", err=True)
         raise typer.Exit(1)
-    typer.secho(f"verified: plan {rep.plan_hash[:16]}, {rep.rows} sealed rows, head {rep.head[:16]}", fg="green")
+    typer.secho(f"verified: plan {rep.plan_hash[:16]}, {rep.rows} sealed rows, head {rep.head[:16]}, "
+                f"signed by {rep.fingerprint}", fg="green")
 
 
 @app.command()

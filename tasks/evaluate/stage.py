@@ -25,6 +25,7 @@ from typing import Any, Callable
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
 from tasks.evaluate.seal import plan_hash, seal_rows
+from tasks.evaluate.signing import HEAD_SIG, PLAN_SIG, PUBLIC_KEY, load_or_create_key, sign
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
 from tasks.rollout.stage import harness_specs, iter_records
@@ -193,6 +194,9 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     ph = plan_hash(plan)
     store.write_json(PLAN, plan)
     store.write_text(PLAN_HASH, ph + "\n")
+    signing_key = load_or_create_key()  # outside the run folder ($HARNESSRL_SIGNING_KEY)
+    fp = sign(store, PLAN_SIG, ph, signing_key)  # before the first attempt
+    log.info("evaluation plan %s signed with Ed25519 key %s (public key: %s)", ph[:16], fp, PUBLIC_KEY)
     log.info("evaluation plan %s committed: %d records x %d checkpoints x %d attempts, %d contrasts", ph[:16],
              len(plan["records"]), len(plan["checkpoints"]), plan["attempts"], len(plan["contrasts"]))
 
@@ -264,6 +268,9 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                              f"{sorted(stray)[0]}")
         ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()), config_hash=ch,
                           extra={"plan_hash": ph})
+        head = sealed[-1]["seal_hash"] if sealed else ph
+        sign(store, HEAD_SIG, head, signing_key)  # after the last attempt
+        log.info("evaluation chain head %s signed with %s", head[:16], fp)
         # every turn of every attempt (episode_id = eval_id): what the analyses read (action
         # distributions, visited states); the sealed rows stay the record of results
         turns_ref = turns_out.commit(inputs=[ref], config_hash=ch, extra={"plan_hash": ph})

@@ -14,6 +14,7 @@ predictions and a report file per (checkpoint, harness, attempt), recomputed byt
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import tempfile
@@ -22,6 +23,7 @@ from typing import Any
 
 from schemas import ArtifactError, ArtifactStore
 from tasks.evaluate.seal import SealError, VerifyReport, verify_chain
+from tasks.evaluate.signing import check_signatures
 from tasks.hashing import sha256_dir
 
 PLAN = "evaluate/plan.json"
@@ -111,11 +113,14 @@ def _verify_exports(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[
         raise SealError(f"{extra[0]}: not a file the evaluation writes ({len(extra)} extra file(s) in {EXPORT_DIR})")
 
 
-def verify_run(store: ArtifactStore) -> VerifyReport:
+def verify_run(store: ArtifactStore, public_key: bytes | None = None) -> VerifyReport:
     """Recompute the sealed evaluation of a run from its files: the plan hash, the checkpoint
-    files, the talkmesh confidence head (when the plan names one), the hash chain, the statistics
-    tables and the exports (see the module docstring); the Inspect logs are checked by
-    :func:`tasks.evaluate.exports.check_inspect_logs`.
+    files, the talkmesh confidence head (when the plan names one), the hash chain, the Ed25519
+    signatures over the plan hash and the chain head (:func:`tasks.evaluate.signing.check_signatures`;
+    ``public_key``: the expected public key, PEM, which the run's must equal; None: the run's own),
+    the statistics tables and the exports (see the module docstring); the Inspect logs are checked
+    by :func:`tasks.evaluate.exports.check_inspect_logs`. The returned report's ``fingerprint`` is
+    the signing key's.
 
     Raises:
         NotARunError: not a run, or its plan / rows unreadable (see :func:`read_sealed`).
@@ -129,6 +134,7 @@ def verify_run(store: ArtifactStore) -> VerifyReport:
             return sha256_dir(store.get_dir(ck["path"], Path(tmp) / "ck"))
 
     report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
+    fp = check_signatures(store, report.plan_hash, report.head, public_key)
     if "talkmesh_head" in plan:  # the confidence head the talkmesh attempts were scored with
         head = plan["talkmesh_head"]
         now = hashlib.sha256(store.read_bytes(head["path"])).hexdigest()
@@ -144,4 +150,4 @@ def verify_run(store: ArtifactStore) -> VerifyReport:
     file_sha = hashlib.sha256(store.read_bytes(EVALUATIONS)).hexdigest()
     if file_sha != manifest.get("sha256"):
         raise SealError(f"{EVALUATIONS}: SHA-256 {file_sha[:16]}... differs from its manifest")
-    return report
+    return dataclasses.replace(report, fingerprint=fp)
