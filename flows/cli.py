@@ -140,7 +140,9 @@ def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:
 @app.command()
 def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
            public_key: Optional[Path] = typer.Option(None, "--public-key",
-                                                     help="the expected Ed25519 public key (PEM) of the signer")) -> None:
+                                                     help="the expected Ed25519 public key (PEM) of the signer"),
+           witness: bool = typer.Option(False, "--witness",
+                                        help="also check plan hash and chain head against the Prefect API's artifacts")) -> None:
     """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain, statistics,
     exports, Inspect logs) and its Ed25519 signatures (with --public-key: by that key). Exit 0: verified; 1: tampered (the first difference is named);
     2: not a run, or unreadable (one line says which)."""
@@ -169,6 +171,15 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
     try:
         rep = verify_run(ArtifactStore(run_dir), public_key=expected)
         check_inspect_logs(str(run_dir), strict=True)  # the Inspect logs against the sealed rows (SealError)
+        if witness:
+            from tasks.evaluate.witness import check_witness
+
+            try:
+                seen = check_witness(rep.plan_hash, rep.head)
+            except RuntimeError as e:
+                typer.secho(f"--witness: no Prefect API answers ({type(e).__name__}: {e})", fg="red", err=True)
+                raise typer.Exit(2)
+            typer.echo(f"witnessed by the Prefect API: plan at {seen['plan']}, head at {seen['head']}")
     except NotARunError as e:
         typer.secho(f"NOT A RUN: {e}", fg="red", err=True)
         raise typer.Exit(2)

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
 from tasks.evaluate.seal import plan_hash, seal_rows
+from tasks.evaluate import witness
 from tasks.evaluate.signing import HEAD_SIG, PLAN_SIG, PUBLIC_KEY, load_or_create_key, sign
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
@@ -197,6 +198,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     signing_key = load_or_create_key()  # outside the run folder ($HARNESSRL_SIGNING_KEY)
     fp = sign(store, PLAN_SIG, ph, signing_key)  # before the first attempt
     log.info("evaluation plan %s signed with Ed25519 key %s (public key: %s)", ph[:16], fp, PUBLIC_KEY)
+    witness.record("plan", ph, ph, fp)  # the Prefect server's own record, with its timestamp
     log.info("evaluation plan %s committed: %d records x %d checkpoints x %d attempts, %d contrasts", ph[:16],
              len(plan["records"]), len(plan["checkpoints"]), plan["attempts"], len(plan["contrasts"]))
 
@@ -271,6 +273,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
         head = sealed[-1]["seal_hash"] if sealed else ph
         sign(store, HEAD_SIG, head, signing_key)  # after the last attempt
         log.info("evaluation chain head %s signed with %s", head[:16], fp)
+        witness.record("head", ph, head, fp)
         # every turn of every attempt (episode_id = eval_id): what the analyses read (action
         # distributions, visited states); the sealed rows stay the record of results
         turns_ref = turns_out.commit(inputs=[ref], config_hash=ch, extra={"plan_hash": ph})
