@@ -34,7 +34,8 @@ DEFAULT_KEY_PATH = Path("~/.config/harnessrl/signing-ed25519.pem")
 PUBLIC_KEY = "evaluate/signing.pub"
 PLAN_SIG = "evaluate/plan.sig"
 HEAD_SIG = "evaluate/head.sig"
-_CONTEXT = {PLAN_SIG: b"harnessrl-plan:", HEAD_SIG: b"harnessrl-head:"}
+PREREG_SIG = "freeze/preregistration.sig"
+_CONTEXT = {PLAN_SIG: b"harnessrl-plan:", HEAD_SIG: b"harnessrl-head:", PREREG_SIG: b"harnessrl-prereg:"}
 
 
 def key_path() -> Path:
@@ -120,9 +121,6 @@ def check_signatures(store: "ArtifactStore", plan_hash: str, head: str, expected
             not the expected one; a signature does not verify, or signs another hash (the message
             names the file).
     """
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import serialization
-
     if not store.exists(PUBLIC_KEY):
         raise SealError(f"{PUBLIC_KEY}: missing (a signed run carries its public key)")
     pem = store.read_bytes(PUBLIC_KEY)
@@ -135,19 +133,41 @@ def check_signatures(store: "ArtifactStore", plan_hash: str, head: str, expected
         if fp != want:
             raise SealError(f"{PUBLIC_KEY}: key {fp[:23]}... is not the expected key {want[:23]}... (the run was "
                             "signed, or re-signed, by someone else)")
-    pub = serialization.load_pem_public_key(pem)
     for which, value in ((PLAN_SIG, plan_hash), (HEAD_SIG, head)):
-        if not store.exists(which):
-            raise SealError(f"{which}: missing (the evaluation signs the plan hash and the chain head)")
-        try:
-            d = json.loads(store.read_bytes(which))
-            sig = base64.b64decode(d["signature"], validate=True)
-        except (ValueError, KeyError, TypeError) as e:
-            raise SealError(f"{which}: malformed ({type(e).__name__}: {e})") from None
-        if d.get("hash") != value:
-            raise SealError(f"{which}: signs {str(d.get('hash'))[:16]}..., the run's is {value[:16]}...")
-        try:
-            pub.verify(sig, _CONTEXT[which] + value.encode("ascii"))
-        except InvalidSignature:
-            raise SealError(f"{which}: the signature does not verify with {PUBLIC_KEY} ({fp[:23]}...)") from None
+        check_signature(store, which, value, pem)
     return fp
+
+
+def check_signature(store: "ArtifactStore", which: str, value: str, pem: bytes | None = None) -> None:
+    """Check the signature file ``which`` over ``value`` with ``pem`` (default: the run's
+    ``evaluate/signing.pub``).
+
+    Raises:
+        SealError: the file or key is missing or malformed, it signs another hash, or the
+            signature does not verify (the message names the file).
+    """
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import serialization
+
+    if pem is None:
+        if not store.exists(PUBLIC_KEY):
+            raise SealError(f"{PUBLIC_KEY}: missing (a signed run carries its public key)")
+        pem = store.read_bytes(PUBLIC_KEY)
+    try:
+        fp = fingerprint(pem)
+    except ValueError as e:
+        raise SealError(f"{PUBLIC_KEY}: {e}") from None
+    pub = serialization.load_pem_public_key(pem)
+    if not store.exists(which):
+        raise SealError(f"{which}: missing (the run signs it)")
+    try:
+        d = json.loads(store.read_bytes(which))
+        sig = base64.b64decode(d["signature"], validate=True)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SealError(f"{which}: malformed ({type(e).__name__}: {e})") from None
+    if d.get("hash") != value:
+        raise SealError(f"{which}: signs {str(d.get('hash'))[:16]}..., the run's is {value[:16]}...")
+    try:
+        pub.verify(sig, _CONTEXT[which] + value.encode("ascii"))
+    except InvalidSignature:
+        raise SealError(f"{which}: the signature does not verify with {PUBLIC_KEY} ({fp[:23]}...)") from None

@@ -26,6 +26,7 @@ from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
 from tasks.evaluate.seal import plan_hash, seal_rows
 from tasks.evaluate import witness
+from tasks.evaluate.prereg import PREREG, PREREG_SIG, default_contrasts, differences, read_preregistration
 from tasks.evaluate.signing import HEAD_SIG, PLAN_SIG, PUBLIC_KEY, load_or_create_key, sign
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
@@ -48,17 +49,6 @@ class _Ticker:
         if self.timings is not None:
             self.timings[phase] = self.timings.get(phase, 0.0) + now - self.t
         self.t = now
-
-
-def default_contrasts(checkpoints: list[dict[str, Any]], harnesses: list[str]) -> list[dict[str, Any]]:
-    """``<checkpoint> - base`` for every trained checkpoint (``final``, or each training arm) under
-    each evaluation harness, named ``<checkpoint>-vs-base:<harness>``, checkpoint-major in the
-    checkpoints' order (none when ``base`` is absent)."""
-    names = [c["name"] for c in checkpoints]
-    if "base" not in names:
-        return []
-    return [{"name": f"{n}-vs-base:{h}", "a": {"checkpoint": n, "harness": h}, "b": {"checkpoint": "base", "harness": h}}
-            for n in names if n != "base" for h in harnesses]
 
 
 def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[str, Any]],
@@ -192,6 +182,18 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     checkpoints = store.rows(inputs["checkpoints"])
     tick("guard")
     plan = build_plan(cfg, tasks, records, checkpoints, inputs)
+    pre = read_preregistration(store)
+    if pre is not None:  # sealed at freeze, before training: the plan may not depart from it
+        from tasks.evaluate.signing import check_signature
+
+        check_signature(store, PREREG_SIG, pre[1])
+        diff = differences(pre[0], plan)
+        if diff:
+            raise ValueError(f"evaluate: the plan departs from the pre-registration ({PREREG}, sealed at freeze): "
+                             + "; ".join(diff) + ". Changing them means a new run (freeze again)")
+        plan["preregistration"] = pre[1]
+    else:
+        log.warning("evaluate: no %s in this run (frozen without the freeze stage?): nothing to hold the plan to", PREREG)
     ph = plan_hash(plan)
     store.write_json(PLAN, plan)
     store.write_text(PLAN_HASH, ph + "\n")

@@ -23,6 +23,7 @@ from typing import Any
 
 from schemas import ArtifactError, ArtifactStore
 from tasks.evaluate.seal import SealError, VerifyReport, verify_chain
+from tasks.evaluate.prereg import check_preregistration
 from tasks.evaluate.signing import check_signatures
 from tasks.hashing import sha256_dir
 
@@ -135,6 +136,7 @@ def verify_run(store: ArtifactStore, public_key: bytes | None = None) -> VerifyR
 
     report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
     fp = check_signatures(store, report.plan_hash, report.head, public_key)
+    check_preregistration(store, plan)
     if "talkmesh_head" in plan:  # the confidence head the talkmesh attempts were scored with
         head = plan["talkmesh_head"]
         now = hashlib.sha256(store.read_bytes(head["path"])).hexdigest()
