@@ -9,7 +9,9 @@ Every artifact the evaluate stage writes is required, a missing one is a failure
 the rows and compared row by row), one Inspect log per (checkpoint, harness)
 (:func:`tasks.evaluate.exports.check_inspect_logs`), and the SWE-bench-style exports, a
 predictions and a report file per (checkpoint, harness, attempt), recomputed byte for byte
-(:func:`tasks.evaluate.exports.swebench_files`).
+(:func:`tasks.evaluate.exports.swebench_files`). The Ed25519 signatures over the plan hash and the
+chain head are required and checked (:mod:`tasks.evaluate.signing`), and so is the
+pre-registration the plan names (:mod:`tasks.evaluate.prereg`).
 """
 
 from __future__ import annotations
