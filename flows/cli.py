@@ -198,23 +198,56 @@ def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:
 
 
 @app.command()
-def verify(run_dir: Path = typer.Argument(..., help="a run folder")) -> None:
-    """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain); exit 1 on any change."""
+def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
+           public_key: Optional[Path] = typer.Option(None, "--public-key",
+                                                     help="the expected Ed25519 public key (PEM) of the signer"),
+           witness: bool = typer.Option(False, "--witness",
+                                        help="also check plan hash and chain head against the Prefect API's artifacts")) -> None:
+    """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain, statistics,
+    exports, Inspect logs) and its Ed25519 signatures (with --public-key: by that key). Exit 0: verified; 1: tampered (the first difference is named);
+    2: not a run, or unreadable (one line says which)."""
     from schemas import ArtifactError, ArtifactStore
-    from tasks.evaluate.seal import SealError
     from tasks.evaluate.exports import check_inspect_logs
-    from tasks.evaluate.stage import verify_run
+    from tasks.evaluate.seal import SealError
+    from tasks.evaluate.verify import NotARunError, verify_run
 
     if not run_dir.is_dir():
-        typer.secho(f"{run_dir}: no such run folder", fg="red", err=True)
+        typer.secho(f"NOT A RUN: {run_dir}: no such folder", fg="red", err=True)
         raise typer.Exit(2)
+    expected = None
+    if public_key is not None:
+        try:
+            expected = public_key.read_bytes()
+        except OSError as e:
+            typer.secho(f"--public-key={str(public_key)!r}: cannot be read ({e.strerror})", fg="red", err=True)
+            raise typer.Exit(2)
+        from tasks.evaluate.signing import fingerprint
+
+        try:
+            fingerprint(expected)
+        except ValueError as e:
+            typer.secho(f"--public-key={str(public_key)!r}: not an Ed25519 public key in PEM ({e})", fg="red", err=True)
+            raise typer.Exit(2)
     try:
-        rep = verify_run(ArtifactStore(run_dir))
+        rep = verify_run(ArtifactStore(run_dir), public_key=expected)
         check_inspect_logs(str(run_dir), strict=True)  # the Inspect logs against the sealed rows (SealError)
+        if witness:
+            from tasks.evaluate.witness import check_witness
+
+            try:
+                seen = check_witness(rep.plan_hash, rep.head)
+            except RuntimeError as e:
+                typer.secho(f"--witness: no Prefect API answers ({type(e).__name__}: {e})", fg="red", err=True)
+                raise typer.Exit(2)
+            typer.echo(f"witnessed by the Prefect API: plan at {seen['plan']}, head at {seen['head']}")
+    except NotARunError as e:
+        typer.secho(f"NOT A RUN: {e}", fg="red", err=True)
+        raise typer.Exit(2)
     except (SealError, ArtifactError, KeyError, ValueError) as e:
         typer.secho(f"VERIFY FAILED: {e}", fg="red", err=True)
         raise typer.Exit(1)
-    typer.secho(f"verified: plan {rep.plan_hash[:16]}, {rep.rows} sealed rows, head {rep.head[:16]}", fg="green")
+    typer.secho(f"verified: plan {rep.plan_hash[:16]}, {rep.rows} sealed rows, head {rep.head[:16]}, "
+                f"signed by {rep.fingerprint}", fg="green")
 
 
 @app.command()

@@ -359,7 +359,7 @@ class ArtifactStore:
                 f"{self.url}/{ref.path}: SHA-256 {sha[:16]}... differs from the recorded {ref.sha256[:16]}...; "
                 "the file changed after it was written (rerun the stage with --from)"
             )
-        table = pq.read_table(io.BytesIO(data))
+        table = pq.read_table(pa.BufferReader(data))  # native buffer: no arrow thread touches a Python object
         c = get_contract(contract or ref.contract or ref.name)
         meta = table.schema.metadata or {}
         version = int(meta.get(b"harnessrl.version", b"0"))
@@ -377,7 +377,7 @@ class ArtifactStore:
         auditors (``harnessrl verify``) that must name the broken row of a changed file rather
         than refuse the file. Raises ArtifactError when it is missing or not Parquet."""
         try:
-            return pq.read_table(io.BytesIO(self.read_bytes(f"{stage}/{name}.parquet"))).to_pylist()
+            return pq.read_table(pa.BufferReader(self.read_bytes(f"{stage}/{name}.parquet"))).to_pylist()
         except (pa.ArrowInvalid, OSError) as e:
             raise ArtifactError(f"{self.url}/{stage}/{name}.parquet cannot be read as Parquet: {e}") from None
 
@@ -400,7 +400,7 @@ class ArtifactStore:
         if hashlib.sha256(data).hexdigest() != ref.sha256:
             raise ArtifactError(f"{self.url}/{ref.path}: SHA-256 differs from the recorded {ref.sha256[:16]}...; "
                                 "the file changed after it was written (rerun the stage with --from)")
-        pf = pq.ParquetFile(io.BytesIO(data))
+        pf = pq.ParquetFile(pa.BufferReader(data))
         if column not in pf.schema_arrow.names:
             raise ArtifactError(f"{ref.path}: no column {column!r}")
         want = pa.array(sorted(set(values)), type=pf.schema_arrow.field(column).type)

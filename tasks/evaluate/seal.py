@@ -56,6 +56,7 @@ class VerifyReport:
     plan_hash: str
     rows: int
     head: str  # seal_hash of the last row: the one value that commits to everything
+    fingerprint: str = ""  # the Ed25519 key that signed plan hash and head (set by verify_run)
 
 
 def verify_chain(plan: dict[str, Any], recorded_plan_hash: str, rows: list[dict[str, Any]],

@@ -9,13 +9,12 @@ Order of operations (the point of sealing):
    referring to the original), their turns streamed to ``eval_turns`` shard by shard; rows are
    chained to the plan hash (plan order, retries after) and written; then the statistics
    (``eval_cells``, ``eval_contrasts``) and the exports.
-``harnessrl verify RUN_DIR`` recomputes everything (:func:`verify_run`).
+``harnessrl verify RUN_DIR`` recomputes everything (:func:`tasks.evaluate.verify.verify_run`).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import tempfile
 import time
@@ -25,7 +24,10 @@ from typing import Any, Callable
 
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
-from tasks.evaluate.seal import SealError, VerifyReport, plan_hash, seal_rows, verify_chain
+from tasks.evaluate.seal import plan_hash, seal_rows
+from tasks.evaluate import witness
+from tasks.evaluate.prereg import PREREG, PREREG_SIG, default_contrasts, differences, read_preregistration
+from tasks.evaluate.signing import HEAD_SIG, PLAN_SIG, PUBLIC_KEY, load_or_create_key, sign
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
 from tasks.rollout.stage import harness_specs, iter_records
@@ -33,8 +35,7 @@ from tasks.train.stage import LeakageError
 
 log = logging.getLogger("harnessrl.evaluate")
 
-PLAN = "evaluate/plan.json"
-PLAN_HASH = "evaluate/plan.sha256"
+from tasks.evaluate.verify import PLAN, PLAN_HASH, verify_run  # noqa: F401 - verify_run: re-exported
 
 
 class _Ticker:
@@ -48,17 +49,6 @@ class _Ticker:
         if self.timings is not None:
             self.timings[phase] = self.timings.get(phase, 0.0) + now - self.t
         self.t = now
-
-
-def default_contrasts(checkpoints: list[dict[str, Any]], harnesses: list[str]) -> list[dict[str, Any]]:
-    """``<checkpoint> - base`` for every trained checkpoint (``final``, or each training arm) under
-    each evaluation harness, named ``<checkpoint>-vs-base:<harness>``, checkpoint-major in the
-    checkpoints' order (none when ``base`` is absent)."""
-    names = [c["name"] for c in checkpoints]
-    if "base" not in names:
-        return []
-    return [{"name": f"{n}-vs-base:{h}", "a": {"checkpoint": n, "harness": h}, "b": {"checkpoint": "base", "harness": h}}
-            for n in names if n != "base" for h in harnesses]
 
 
 def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[str, Any]],
@@ -192,9 +182,25 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     checkpoints = store.rows(inputs["checkpoints"])
     tick("guard")
     plan = build_plan(cfg, tasks, records, checkpoints, inputs)
+    pre = read_preregistration(store)
+    if pre is not None:  # sealed at freeze, before training: the plan may not depart from it
+        from tasks.evaluate.signing import check_signature
+
+        check_signature(store, PREREG_SIG, pre[1])
+        diff = differences(pre[0], plan)
+        if diff:
+            raise ValueError(f"evaluate: the plan departs from the pre-registration ({PREREG}, sealed at freeze): "
+                             + "; ".join(diff) + ". Changing them means a new run (freeze again)")
+        plan["preregistration"] = pre[1]
+    else:
+        log.warning("evaluate: no %s in this run (frozen without the freeze stage?): nothing to hold the plan to", PREREG)
     ph = plan_hash(plan)
     store.write_json(PLAN, plan)
     store.write_text(PLAN_HASH, ph + "\n")
+    signing_key = load_or_create_key()  # outside the run folder ($HARNESSRL_SIGNING_KEY)
+    fp = sign(store, PLAN_SIG, ph, signing_key)  # before the first attempt
+    log.info("evaluation plan %s signed with Ed25519 key %s (public key: %s)", ph[:16], fp, PUBLIC_KEY)
+    witness.record("plan", ph, ph, fp)  # the Prefect server's own record, with its timestamp
     log.info("evaluation plan %s committed: %d records x %d checkpoints x %d attempts, %d contrasts", ph[:16],
              len(plan["records"]), len(plan["checkpoints"]), plan["attempts"], len(plan["contrasts"]))
 
@@ -266,6 +272,10 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                              f"{sorted(stray)[0]}")
         ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()), config_hash=ch,
                           extra={"plan_hash": ph})
+        head = sealed[-1]["seal_hash"] if sealed else ph
+        sign(store, HEAD_SIG, head, signing_key)  # after the last attempt
+        log.info("evaluation chain head %s signed with %s", head[:16], fp)
+        witness.record("head", ph, head, fp)
         # every turn of every attempt (episode_id = eval_id): what the analyses read (action
         # distributions, visited states); the sealed rows stay the record of results
         turns_ref = turns_out.commit(inputs=[ref], config_hash=ch, extra={"plan_hash": ph})
@@ -288,56 +298,3 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                   {s.name: s.render_system() for s in specs.values()})
     tick("exports")
     return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref, "eval_turns": turns_ref}
-
-
-def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """Recompute ``eval_cells`` and ``eval_contrasts`` from the verified rows and the plan (the
-    bootstrap is seeded from the plan) and compare them with the files, row by row."""
-    from tasks.evaluate.stats import cell_table, contrast_table
-
-    cells = cell_table(rows, plan, plan["min_graded_fraction"])
-    want = {"eval_cells": cells,
-            "eval_contrasts": contrast_table(rows, plan, cells, alpha=plan["alpha"],
-                                             resamples=plan["bootstrap_resamples"], power=plan["power"])}
-    for name, expected in want.items():
-        got = store.raw_rows("evaluate", name)
-        if len(got) != len(expected):
-            raise SealError(f"evaluate/{name}.parquet: {len(got)} rows, recomputed {len(expected)}")
-        for i, (g, e) in enumerate(zip(got, expected)):
-            if g != e:
-                col = next(k for k in e if g.get(k) != e[k])
-                raise SealError(f"evaluate/{name}.parquet row {i}: {col}={g.get(col)!r}, recomputed {e[col]!r}")
-
-
-def verify_run(store: ArtifactStore) -> VerifyReport:
-    """Recompute the sealed evaluation of a run from its files: the plan hash, the checkpoint
-    files, the talkmesh confidence head (when the plan names one), the hash chain, and (when
-    present) the statistics tables recomputed from the rows.
-
-    Raises:
-        SealError: the plan, a checkpoint's files or a row changed (the message says which).
-        ArtifactError: the evaluations file is missing or fails its contract or manifest hash.
-    """
-    plan = store.read_json(PLAN)
-    committed = store.read_bytes(PLAN_HASH).decode().strip()
-    # the rows without the manifest-hash check: verify must name the broken row, not just the file
-    rows = store.raw_rows("evaluate", "evaluations")
-
-    def ck_sha(ck: dict[str, Any]) -> str:
-        with tempfile.TemporaryDirectory() as tmp:
-            return sha256_dir(store.get_dir(ck["path"], Path(tmp) / "ck"))
-
-    report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
-    if "talkmesh_head" in plan:  # the confidence head the talkmesh attempts were scored with
-        head = plan["talkmesh_head"]
-        now = hashlib.sha256(store.read_bytes(head["path"])).hexdigest()
-        if now != head["sha256"]:
-            raise SealError(f"{head['path']}: SHA-256 {now[:16]}... != planned {head['sha256'][:16]}... (the talkmesh "
-                            "confidence head changed after the evaluation was sealed)")
-    if store.exists("evaluate/eval_cells.parquet"):
-        _verify_stats(store, plan, rows)
-    manifest = store.manifest("evaluate", "evaluations")
-    file_sha = hashlib.sha256(store.read_bytes("evaluate/evaluations.parquet")).hexdigest()
-    if file_sha != manifest["sha256"]:
-        raise SealError(f"evaluate/evaluations.parquet: SHA-256 {file_sha[:16]}... differs from its manifest")
-    return report

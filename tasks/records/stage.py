@@ -18,6 +18,10 @@ def run_freeze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactR
     t = store.write("freeze", "tasks", tasks, config_hash=ch)
     h = store.write("freeze", "harnesses", harnesses, config_hash=ch)
     r = store.write("freeze", "records", records, inputs=[t, h], config_hash=ch)
+    # pre-registration: evaluation harnesses, contrasts and alpha, hashed and signed before training
+    from tasks.evaluate.prereg import PREREG, write_preregistration
+
+    log.info("pre-registered the evaluation (%s, SHA-256 %s), signed", PREREG, write_preregistration(store, cfg)[:16])
     n_test = sum(1 for x in tasks if x["split"] == "test")
     log.info("froze %d tasks (%d train, %d test) x %d harnesses = %d records", len(tasks), len(tasks) - n_test,
              n_test, len(harnesses), len(records))

@@ -325,6 +325,16 @@ TAMPER = {
     "edited plan": (lambda rd: (rd / PLAN).write_text((rd / PLAN).read_text().replace('"attempts": 3', '"attempts": 2')),
                     "plan: hash"),
     "edited committed plan hash": (lambda rd: (rd / "evaluate/plan.sha256").write_text("0" * 64 + "\n"), "plan: hash"),
+    # every artifact the evaluation writes is required (issue 20, item 3)
+    "deleted statistics": (lambda rd: (rd / "evaluate/eval_contrasts.parquet").unlink(),
+                           "eval_contrasts.parquet: missing"),
+    "deleted export": (lambda rd: next((rd / "evaluate/exports/swebench").glob("*.final.direct.attempt1.report.json"))
+                       .unlink(), r"final\.direct\.attempt1\.report\.json: missing"),
+    "edited export": (lambda rd: [p.write_text(p.read_text().replace('"resolved_instances": ', '"resolved_instances": 1'))
+                                  for p in (rd / "evaluate/exports/swebench").glob("*.report.json")],
+                      "report.json: differs from the file recomputed"),
+    "added export": (lambda rd: (rd / "evaluate/exports/swebench/x.report.json").write_text("{}"),
+                     "x.report.json: not a file the evaluation writes"),
 }
 
 
@@ -344,6 +354,31 @@ def test_verify_cli_names_every_tampering(sealed, tmp_path, case):
     assert re.search(match, bad.output.replace("\n", " ")), bad.output
     with pytest.raises(SealError):
         verify_run(ArtifactStore(rd))
+
+
+@pytest.mark.parametrize("case,setup,match", [
+    ("empty folder", lambda rd: None, "evaluate/plan.json is missing"),
+    ("no such folder", lambda rd: rd.rmdir(), "no such folder"),
+    ("plan not JSON", lambda rd: (rd / "evaluate").mkdir() or [(rd / p).write_text("{x") for p in
+                                                                ("evaluate/plan.json", "evaluate/plan.sha256",
+                                                                 "evaluate/evaluations.parquet")], "plan.json: unreadable"),
+])
+def test_verify_exit_2_for_a_folder_that_is_not_a_run(tmp_path, case, setup, match):
+    rd = tmp_path / "notarun"
+    rd.mkdir()
+    setup(rd)
+    r = CliRunner().invoke(app, ["verify", str(rd)])
+    assert r.exit_code == 2, r.output
+    assert "NOT A RUN" in r.output and match in r.output.replace("\n", " ") and "VERIFY FAILED" not in r.output
+
+
+def test_verify_exit_2_for_unreadable_rows(sealed, tmp_path):
+    _, store, *_ = sealed
+    rd = tmp_path / "copy"
+    shutil.copytree(store.root, rd)
+    (rd / "evaluate/evaluations.parquet").write_bytes(b"not parquet")
+    r = CliRunner().invoke(app, ["verify", str(rd)])
+    assert r.exit_code == 2 and "evaluations.parquet cannot be read as Parquet" in r.output, r.output
 
 
 def test_eval_turns_are_streamed_chunk_by_chunk(tmp_path, monkeypatch):

@@ -12,7 +12,10 @@ solution (for oracle checks). Verifier ``humaneval``: the program that human-eva
 ``check_correctness`` builds (solution, then the test, then ``check(<entry_point>)``) runs in the
 episode's sandbox as ``python3 -s -P -`` from stdin, within ``timeout_s``; reward 1.0 when it
 finishes and prints a random per-grading token after ``check`` returned, else 0.0 (a failed
-assertion, an exception, a timeout, an early ``exit``).
+assertion, an exception, a timeout, an early ``exit``). ``-s -P`` keep the user site (HOME is
+/app) and /app off ``sys.path``, so no ``usercustomize``/``sitecustomize``/``.pth`` file or module
+the agent leaves there runs (the battery in ``tests/records/test_grader_battery.py``: 22 planted
+attempts, wrong answer 0, right answer 1, on both backends).
 
 Reward rule ``suites[].reward: p6``: a problem's hidden test is one ``check`` function of asserts,
 so it is one test: ``fail_to_pass = ["check"]`` (it fails on the untouched prompt-only

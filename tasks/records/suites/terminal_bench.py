@@ -32,9 +32,9 @@ adapter's encrypted reference solution).
 
 Grading (verifier ``terminal_bench``), after the agent has finished, in its sandbox: one command
 ``python3 -s -P -`` whose program arrives on stdin (so nothing hidden touches the work dir before
-it runs) writes the test files into a fresh ``mkdtemp`` folder under /tmp, copies Exercism test
-files next to the module in /app (see below), and runs pytest in-process with a collecting
-plugin; it prints one result line marked with a random per-grading token. The reward is the
+it runs) writes the test files into a fresh ``mkdtemp`` folder under /tmp and runs pytest
+in-process on them there, with a collecting plugin; it prints one result line marked with a random
+per-grading token. The reward is the
 fraction of checks passed: ``sum(passed) / sum(total)`` over the test files, where a test passes
 when its setup, call and teardown all pass (skipped and xfailed tests count as not passed), and a
 file's ``total`` is ``max(collected tests, static count)`` (the static count, from the file's
@@ -43,10 +43,19 @@ exceeds the task's test timeout, or whose process dies (the agent's code calling
 a resource limit), scores 0 passed -- Terminal-Bench likewise fails a trial whose tests time out.
 :class:`~tasks.records.verifiers.VerifierError` is raised when the verifier itself cannot run
 (no sandbox, pytest missing in the sandbox, the sandbox failing, pytest's usage/internal error).
-Known limit (as in Terminal-Bench, where tests run in the agent's container): the code under test
-runs in the same Python process as the runner, so code written to defeat this runner could read its
-token; a ``conftest.py``/``pytest.ini`` left in /app, an early ``os._exit`` or flooding the output
-do not turn failed checks into passes.
+What the agent leaves behind does not steer the run (the battery in
+``tests/records/test_grader_battery.py`` plants 22 such attempts against real tasks of both layouts
+and the ``p6`` rule, on both backends: a wrong answer scores 0, a right one 1, and no planted Python
+runs): the test files run from the private folder, never from /app, so no ``conftest.py``,
+``__init__.py`` or ini file of the agent's is on their folder path (``--confcutdir`` is that
+folder; ``-c`` names an empty ini, so ``pytest.ini``/``tox.ini``/``setup.cfg``/``pyproject.toml``
+are never read); ``-s -P`` keep /app and the user site (HOME is /app) off ``sys.path`` at start-up,
+so ``sitecustomize``/``usercustomize``/``.pth`` files and modules named like pytest or the standard
+library are not imported; pre-written result files are never read; every process the agent started
+was killed when its command ended. Known limit (as in Terminal-Bench, where tests run in the agent's
+container): the module under test runs in the test process, so code in the agent's own answer
+written to patch the runner at import could change what it reports; an early ``os._exit`` or a
+flood of output does not.
 
 Reward rule ``suites[].reward: p6`` (METHODS.md P6; the default ``fraction`` is the rule above):
 the spec also carries ``fail_to_pass`` and ``pass_to_pass`` test ids and the reward is passed
@@ -63,8 +72,11 @@ instead would double the grading cost and leave them out of the frozen record (a
 only a reward).
 
 Exercism tasks (the aider-polyglot adapter: ``tests/.meta/config.json`` with ``files.test``):
-their tests import the module from the current directory, so those test files are copied to
-``/app/<path>`` (next to the module) before pytest runs, as the task's run-tests.sh does.
+their tests import the module from the folder they would be copied to (``/app/<path>``'s folder,
+``run[].at``; the task's run-tests.sh copies them there). They are not copied: that folder is
+appended to the END of ``sys.path`` once pytest has loaded its plugins (its session start), so the
+module under test is found while no file in /app shadows pytest, a plugin (a ``.dist-info`` entry
+point), the standard library or another import of the tests.
 
 Refused, with a :class:`TaskFormatError` naming the task folder and the field: a folder that is
 neither layout; a missing or empty instruction; ``parser_name`` other than ``pytest``;
@@ -170,7 +182,7 @@ def task_from_folder(folder: Path, suite_tag: str, reward: str = "fraction") -> 
     ``verifier_spec``: ``format`` (tb1|tb2), ``task`` (folder name), ``timeout_s`` (test wall
     seconds), ``env`` (TB2 ``[verifier].env``), ``tests`` / ``tests_b64`` (every file of ``tests/``,
     text or base64), ``run`` (``[{"src": path in tests/, "at": None or the /app-relative path an
-    Exercism test is copied to, "expected": static test count}]``) and ``oracle`` (None or
+    Exercism test would be copied to (its folder is where the module is imported from), "expected": static test count}]``) and ``oracle`` (None or
     ``{"entry", "files_b64", "app_files_b64", "env"}`` plus ``"exercism": {"from", "to"}``).
     With ``reward="p6"`` the spec also has ``reward: "p6"``, ``fail_to_pass``, ``pass_to_pass``
     (test ids, see :func:`compute_test_lists`) and ``lists_oracle_checked`` (bool): read from the folder's
@@ -473,7 +485,7 @@ def static_test_count(tree: ast.Module) -> int:
 # result line, marked with a random token, to the original stdout (pytest's own output and
 # anything the code under test prints go to a log file instead, so the line is never cut off).
 _RUNNER = r'''
-import base64, json, os, shutil, sys, tempfile
+import base64, json, os, sys, tempfile
 TOKEN = %(token)r
 SPEC = json.loads(%(spec)r)
 out_fd = os.dup(1)
@@ -494,18 +506,19 @@ for rel, text in SPEC["tests"].items():
     put(os.path.join(tdir, rel), text.encode("utf-8"))
 for rel, b in SPEC["tests_b64"].items():
     put(os.path.join(tdir, rel), base64.b64decode(b))
-paths = []
+# Every test file runs from the private folder, never from /app: no conftest.py, __init__.py or
+# ini file the agent left in /app (or anywhere outside tdir) is on a test's folder path.
+paths = [os.path.realpath(os.path.join(tdir, r["src"])) for r in SPEC["run"]]
+# Exercism tests import the module under test from the folder they would sit in under /app: that
+# folder goes at the END of sys.path (after the tests' folder, the standard library and the
+# sandbox's site), and only once pytest has loaded its plugins, so a file in /app never shadows
+# pytest, a plugin, the standard library or a module the tests import from elsewhere.
+app_dirs = []
 for r in SPEC["run"]:
     if r["at"]:
-        dst = os.path.join("/app", r["at"])
-        if os.path.islink(dst) or os.path.isfile(dst):
-            os.unlink(dst)
-        elif os.path.isdir(dst):
-            shutil.rmtree(dst)
-        shutil.copyfile(os.path.join(tdir, r["src"]), dst)
-        paths.append(os.path.realpath(dst))
-    else:
-        paths.append(os.path.realpath(os.path.join(tdir, r["src"])))
+        d = os.path.dirname(os.path.join("/app", r["at"]))
+        if d not in app_dirs:
+            app_dirs.append(d)
 ini = os.path.join(base, "pytest.ini")
 put(ini, b"[pytest]\n")
 for k, v in SPEC["env"].items():
@@ -514,6 +527,10 @@ class Tally:
     def __init__(self):
         self.tests = {}
         self.collect_errors = set()
+    def pytest_sessionstart(self, session):
+        for d in app_dirs:
+            if d not in sys.path:
+                sys.path.append(d)
     def pytest_collectreport(self, report):
         if report.failed:
             self.collect_errors.add(os.path.realpath(os.path.join("/", report.nodeid.split("::")[0])))

@@ -1,0 +1,157 @@
+"""``harnessrl verify``: recompute a run's sealed evaluation from its files.
+
+Kept apart from :mod:`tasks.evaluate.stage` so that verifying imports neither the trainer nor the
+rollout engine (torch and their native libraries): an auditor's check loads pyarrow, the
+statistics and inspect-ai only.
+
+Every artifact the evaluate stage writes is required, a missing one is a failure
+(:class:`~tasks.evaluate.seal.SealError`): the sealed rows, both statistics tables (recomputed from
+the rows and compared row by row), one Inspect log per (checkpoint, harness)
+(:func:`tasks.evaluate.exports.check_inspect_logs`), and the SWE-bench-style exports, a
+predictions and a report file per (checkpoint, harness, attempt), recomputed byte for byte
+(:func:`tasks.evaluate.exports.swebench_files`). The Ed25519 signatures over the plan hash and the
+chain head are required and checked (:mod:`tasks.evaluate.signing`), and so is the
+pre-registration the plan names (:mod:`tasks.evaluate.prereg`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from schemas import ArtifactError, ArtifactStore
+from tasks.evaluate.seal import SealError, VerifyReport, verify_chain
+from tasks.evaluate.prereg import check_preregistration
+from tasks.evaluate.signing import check_signatures
+from tasks.hashing import sha256_dir
+
+PLAN = "evaluate/plan.json"
+PLAN_HASH = "evaluate/plan.sha256"
+EVALUATIONS = "evaluate/evaluations.parquet"
+STATS = ("eval_cells", "eval_contrasts")
+
+
+class NotARunError(ValueError):
+    """The folder is not a run with a sealed evaluation, or its plan / rows cannot be read at all
+    (``harnessrl verify`` exit 2); the message is one line naming the file and what is wrong."""
+
+
+def read_sealed(store: ArtifactStore) -> tuple[dict[str, Any], str, list[dict[str, Any]]]:
+    """``(plan, committed plan hash, rows)`` of a run, read without any check.
+
+    Raises:
+        NotARunError: ``evaluate/plan.json``, ``evaluate/plan.sha256`` or
+            ``evaluate/evaluations.parquet`` missing, or not JSON / text / Parquet.
+    """
+    for rel in (PLAN, PLAN_HASH, EVALUATIONS):
+        if not store.exists(rel):
+            raise NotARunError(f"{store.url}: not a run with a sealed evaluation ({rel} is missing)")
+    try:
+        plan = store.read_json(PLAN)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise NotARunError(f"{store.url}/{PLAN}: unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(plan, dict) or not {"records", "checkpoints", "attempts"} <= set(plan):
+        raise NotARunError(f"{store.url}/{PLAN}: not an evaluation plan (no records/checkpoints/attempts)")
+    try:
+        committed = store.read_bytes(PLAN_HASH).decode("ascii").strip()
+    except UnicodeDecodeError as e:
+        raise NotARunError(f"{store.url}/{PLAN_HASH}: unreadable ({e})") from None
+    try:
+        rows = store.raw_rows("evaluate", "evaluations")
+    except ArtifactError as e:
+        raise NotARunError(str(e).splitlines()[0]) from None
+    return plan, committed, rows
+
+
+def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Recompute ``eval_cells`` and ``eval_contrasts`` from the verified rows and the plan (the
+    bootstrap is seeded from the plan) and compare them with the files, row by row."""
+    from tasks.evaluate.stats import cell_table, contrast_table
+
+    for name in STATS:
+        if not store.exists(f"evaluate/{name}.parquet"):
+            raise SealError(f"evaluate/{name}.parquet: missing (the evaluation writes it; a sealed run has it)")
+    cells = cell_table(rows, plan, plan["min_graded_fraction"])
+    want = {"eval_cells": cells,
+            "eval_contrasts": contrast_table(rows, plan, cells, alpha=plan["alpha"],
+                                             resamples=plan["bootstrap_resamples"], power=plan["power"])}
+    for name, expected in want.items():
+        try:
+            got = store.raw_rows("evaluate", name)
+        except ArtifactError as e:
+            raise SealError(f"evaluate/{name}.parquet: {e}") from None
+        if len(got) != len(expected):
+            raise SealError(f"evaluate/{name}.parquet: {len(got)} rows, recomputed {len(expected)}")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if g != e:
+                col = next((k for k in e if g.get(k) != e[k]), next(iter(set(g) ^ set(e)), "?"))
+                raise SealError(f"evaluate/{name}.parquet row {i}: {col}={g.get(col)!r}, recomputed {e.get(col)!r}")
+
+
+def _verify_exports(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """The SWE-bench-style files, recomputed from the rows and compared byte for byte. The run's
+    name (the files' prefix, not in the plan) is read off the first planned report file."""
+    from tasks.evaluate.exports import EXPORT_DIR, _safe, swebench_files
+
+    ck, h = plan["checkpoints"][0]["name"], plan["harnesses"][0]
+    tail = _safe(f".{ck}.{h}.attempt0") + ".report.json"
+    present = set(store.list_files(EXPORT_DIR))
+    firsts = sorted(p for p in present if p.endswith(tail))
+    if len(firsts) != 1:
+        raise SealError(f"{EXPORT_DIR}: {len(firsts)} files named *{tail} (expected exactly one: the exports are "
+                        "missing or were added to)")
+    run_name = firsts[0].rsplit("/", 1)[-1][: -len(tail)]
+    want = swebench_files(run_name, plan, rows)
+    for rel, data in want.items():
+        if rel not in present:
+            raise SealError(f"{rel}: missing (the evaluation writes it)")
+        if store.read_bytes(rel) != data:
+            raise SealError(f"{rel}: differs from the file recomputed from the sealed rows")
+    extra = sorted(present - set(want))
+    if extra:
+        raise SealError(f"{extra[0]}: not a file the evaluation writes ({len(extra)} extra file(s) in {EXPORT_DIR})")
+
+
+def verify_run(store: ArtifactStore, public_key: bytes | None = None) -> VerifyReport:
+    """Recompute the sealed evaluation of a run from its files: the plan hash, the checkpoint
+    files, the talkmesh confidence head (when the plan names one), the hash chain, the Ed25519
+    signatures over the plan hash and the chain head (:func:`tasks.evaluate.signing.check_signatures`;
+    ``public_key``: the expected public key, PEM, which the run's must equal; None: the run's own),
+    the statistics tables and the exports (see the module docstring); the Inspect logs are checked
+    by :func:`tasks.evaluate.exports.check_inspect_logs`. The returned report's ``fingerprint`` is
+    the signing key's.
+
+    Raises:
+        NotARunError: not a run, or its plan / rows unreadable (see :func:`read_sealed`).
+        SealError: the plan, a checkpoint's files, a row, a statistics table or an export changed
+            or is missing (the message names the first difference).
+    """
+    plan, committed, rows = read_sealed(store)
+
+    def ck_sha(ck: dict[str, Any]) -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            return sha256_dir(store.get_dir(ck["path"], Path(tmp) / "ck"))
+
+    report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
+    fp = check_signatures(store, report.plan_hash, report.head, public_key)
+    check_preregistration(store, plan)
+    if "talkmesh_head" in plan:  # the confidence head the talkmesh attempts were scored with
+        head = plan["talkmesh_head"]
+        now = hashlib.sha256(store.read_bytes(head["path"])).hexdigest()
+        if now != head["sha256"]:
+            raise SealError(f"{head['path']}: SHA-256 {now[:16]}... != planned {head['sha256'][:16]}... (the talkmesh "
+                            "confidence head changed after the evaluation was sealed)")
+    _verify_stats(store, plan, rows)
+    _verify_exports(store, plan, rows)
+    try:
+        manifest = store.manifest("evaluate", "evaluations")
+    except (ArtifactError, json.JSONDecodeError) as e:
+        raise SealError(f"evaluate/evaluations.manifest.json: {e}") from None
+    file_sha = hashlib.sha256(store.read_bytes(EVALUATIONS)).hexdigest()
+    if file_sha != manifest.get("sha256"):
+        raise SealError(f"{EVALUATIONS}: SHA-256 {file_sha[:16]}... differs from its manifest")
+    return dataclasses.replace(report, fingerprint=fp)
