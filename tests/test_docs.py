@@ -3,6 +3,7 @@ a failing generator fails it), and its generated reference pages follow the code
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,36 @@ def test_benchmarks_page_shows_the_newest_rows(tmp_path):
     assert "| `machine.cpus` | " + " | ".join(["2"] * gen_docs.ROWS_SHOWN) + " |" in md
     assert f"{len(rows)} row(s)" in md
     assert "No rows are recorded yet." in gen_docs.benchmarks_page(tmp_path / "none")
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_readme_is_short_and_starts_with_the_two_commands():
+    text = _readme()
+    assert len(text.splitlines()) <= 200
+    block = text.split("## First two commands", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.splitlines() == ["./scripts/bootstrap.sh && .venv/bin/harnessrl run",
+                                  "./scripts/bootstrap.sh && .venv/bin/python -m pytest"]
+    assert "METHODS.md" not in text  # not in the repository; the methods are in docs/experiments/
+
+
+def test_readme_layout_matches_the_tree():
+    """Every path the layout names exists, and every tracked top-level entry is named."""
+    layout = _readme().split("## Layout", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+    named_top, parent = set(), None
+    for line in layout.splitlines():
+        # columns are separated by 2+ spaces: name, description[, name, description]
+        cols = re.split(r"\s{2,}", line.strip())
+        if line.startswith("  "):
+            for name in cols[0::2]:
+                assert (ROOT / parent / name).exists(), f"{parent}{name}"
+        else:
+            name = cols[0].split()[0]  # "prefect.yaml Prefect ..." has a single space
+            assert (ROOT / name).exists(), name
+            named_top.add(name.rstrip("/").split("/")[0])
+            parent = name
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    top = {f.split("/")[0] for f in tracked} - {"README.md", ".gitignore"}
+    assert top <= named_top, sorted(top - named_top)
