@@ -163,6 +163,8 @@ def harness_reference() -> str:
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, (dict, list)):
@@ -172,6 +174,7 @@ def _fmt(v: Any) -> str:
 
 
 def _script_summary(name: str) -> str:
+    """The first paragraph of ``benchmarks/<name>.py``'s docstring, on one line."""
     script = ROOT / "benchmarks" / f"{name}.py"
     if not script.is_file():
         return ""
@@ -181,35 +184,38 @@ def _script_summary(name: str) -> str:
     return doc.split("\n\n")[0].replace("\n", " ")
 
 
-def benchmarks_page(results: Path = RESULTS) -> str:
-    """One section per ``benchmarks/results/<name>.jsonl``: what the script measures (its
-    docstring's first paragraph), then its newest rows as columns, one figure a line."""
+def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks") -> str:
+    """One section per script under ``benchmarks/`` (what it measures: its docstring's first
+    paragraph), then the newest rows of ``results/<name>.jsonl`` as columns, one figure a line."""
     lines = [
         "# Benchmarks",
         "",
-        "Generated from the tracked rows in `benchmarks/results/*.jsonl` (`scripts/gen_docs.py`). "
-        "Each row is one run of a script under `benchmarks/`, stamped with the commit, the date (UTC) "
-        "and the machine. Rows with `smoke: true` come from the tiny `--smoke` sizes: they show that the "
-        "script runs, not how fast anything is. Add a row by running a script; the page follows.",
+        "Generated from the scripts under `benchmarks/` and their tracked rows in `benchmarks/results/*.jsonl` "
+        "(`scripts/gen_docs.py`). Each row is one run of a script, stamped with the commit (`+dirty`: with "
+        "uncommitted changes), the date (UTC) and the machine. Add a row by running a script at its full "
+        "sizes; the page follows on the next docs build. Every script also has `--smoke` (tiny sizes, "
+        "seconds), which the test suite runs into a temporary folder, so a script that stops working fails "
+        "the tests; smoke rows show that a script runs, not how fast anything is.",
         "",
         "```bash",
-        ".venv/bin/python benchmarks/artifact_store.py --smoke   # seconds; every script has --smoke",
-        ".venv/bin/python benchmarks/artifact_store.py           # the full sizes",
+        ".venv/bin/python benchmarks/artifact_store.py --smoke   # seconds",
+        ".venv/bin/python benchmarks/artifact_store.py           # full sizes, one row",
         "```",
         "",
     ]
-    files = sorted(results.glob("*.jsonl")) if results.is_dir() else []
-    if not files:
-        lines += ["No rows are recorded yet.", ""]
-    for f in files:
-        rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-        if not rows:
-            continue
-        shown = rows[::-1][:ROWS_SHOWN]
-        lines += [f"## {f.stem}", ""]
-        summary = _script_summary(f.stem)
+    names = sorted({p.stem for p in scripts.glob("*.py") if not p.stem.startswith("_")} |
+                   ({p.stem for p in results.glob("*.jsonl")} if results.is_dir() else set()))
+    for name in names:
+        lines += [f"## {name}", ""]
+        summary = _script_summary(name)
         if summary:
             lines += [summary, ""]
+        f = results / f"{name}.jsonl"
+        rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
+        if not rows:
+            lines += [f"No rows recorded yet: run `.venv/bin/python benchmarks/{name}.py`.", ""]
+            continue
+        shown = rows[::-1][:ROWS_SHOWN]
         lines += [f"{len(rows)} row(s) in `benchmarks/results/{f.name}`; the newest {len(shown)} shown.", ""]
         keys: list[str] = []
         for r in shown:

@@ -82,7 +82,11 @@ def test_benchmarks_page_shows_the_newest_rows(tmp_path):
     assert line == "| `rows_per_s` | " + " | ".join(map(str, newest_first)) + " |"
     assert "| `machine.cpus` | " + " | ".join(["2"] * gen_docs.ROWS_SHOWN) + " |" in md
     assert f"{len(rows)} row(s)" in md
-    assert "No rows are recorded yet." in gen_docs.benchmarks_page(tmp_path / "none")
+    # a script without rows still has its section, saying how to add one
+    assert "## rollout\n" in md and "No rows recorded yet: run `.venv/bin/python benchmarks/rollout.py`." in md
+    empty = gen_docs.benchmarks_page(tmp_path / "none")
+    for script in (ROOT / "benchmarks").glob("[!_]*.py"):
+        assert f"## {script.stem}\n" in empty
 
 
 def _readme() -> str:
