@@ -7,7 +7,8 @@ figures, so a row says where and on what code it was measured. The docs' benchma
 
 ``HARNESSRL_BENCH_RESULTS`` (a folder) sends the rows to ``<folder>/<name>.jsonl`` instead of the
 tracked ``benchmarks/results/``: the tests' smoke runs set it so they never append to the
-tracked files.
+tracked files. ``HARNESSRL_TINY_MODEL`` (a folder) hands the smokes the tiny model the test suite
+has already built (:func:`tiny_model`), so that each does not build its own.
 """
 
 from __future__ import annotations
@@ -74,3 +75,15 @@ def report(name: str, row: dict[str, Any], out: Path | None = None) -> Path:
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")
     return out
+
+
+def tiny_model(folder: str | Path) -> Path:
+    """The tests' tiny model (``build_tiny_model(seed=0)``, 2 layers, hidden 128, vocabulary 1024):
+    the folder ``$HARNESSRL_TINY_MODEL`` when it holds one, else built into ``folder`` (which
+    trains its tokenizer: seconds)."""
+    given = os.environ.get("HARNESSRL_TINY_MODEL")
+    if given and (Path(given) / "config.json").is_file():
+        return Path(given)
+    from tasks.rollout.models import build_tiny_model
+
+    return build_tiny_model(Path(folder), seed=0)

@@ -56,10 +56,10 @@ def main() -> None:
     if args.smoke:
         import tempfile
 
-        from tasks.rollout.models import build_tiny_model
+        from _results import tiny_model
 
         tiny = tempfile.TemporaryDirectory(prefix="harnessrl-bench-tiny-")
-        args.model = str(build_tiny_model(Path(tiny.name) / "tiny", seed=0))
+        args.model = str(tiny_model(Path(tiny.name) / "tiny"))
         args.engine, args.suite, args.harness = "hf", ["arithmetic"], ["direct"]
         args.tasks, args.samples = 2, 1
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

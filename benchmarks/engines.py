@@ -42,10 +42,11 @@ def main() -> None:
     from tasks.config import PolicyConfig
     from tasks.harnesses.spec import SamplingSpec
     from tasks.rollout.engines import make_policy
-    from tasks.rollout.models import build_tiny_model, model_id, resolve_model
+    from benchmarks._results import tiny_model
+    from tasks.rollout.models import model_id, resolve_model
 
     if args.model == "tiny":
-        path = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0)
+        path = tiny_model(Path(tempfile.mkdtemp()) / "tiny")
     else:
         path = resolve_model(args.model)
     sampling = SamplingSpec(temperature=1.0, max_new_tokens=args.tokens)

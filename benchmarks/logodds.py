@@ -33,10 +33,11 @@ def main() -> None:
     from peft import LoraConfig, get_peft_model
 
     from tasks.analysis.logodds import adapter_scorers
-    from tasks.rollout.models import build_tiny_model, load_model_and_tokenizer, resolve_model
+    from benchmarks._results import tiny_model
+    from tasks.rollout.models import load_model_and_tokenizer, resolve_model
 
     if a.smoke:
-        a.model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0))
+        a.model = str(tiny_model(Path(tempfile.mkdtemp()) / "tiny"))
         a.states, a.group, a.prompt, a.completion, a.batch = 2, 2, 16, 8, 4
     base, tok = load_model_and_tokenizer(resolve_model(a.model), "cpu", "float32")
     torch.manual_seed(0)

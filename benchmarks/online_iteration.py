@@ -89,13 +89,13 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from tasks.rollout.models import build_tiny_model
+    from _results import tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model, prompts, group, iters = "smollm2-135m-instruct", 16, 8, args.iters
         if args.smoke:
-            model, prompts, group, iters = str(build_tiny_model(root / "tiny", seed=0)), 4, 2, 1
+            model, prompts, group, iters = str(tiny_model(root / "tiny")), 4, 2, 1
         arms = ARMS[:1] if args.smoke else ARMS
         rows = [run_arm(model, engine, s, iters, prompts, group, root) for engine, s in arms]
     print(f"\n{'engine':<6} {'S':>2} {'s/iter':>7} {'sample':>7} {'wait':>6} {'train':>6} {'sync':>6} {'samples/s':>10}")

@@ -237,9 +237,9 @@ def main() -> None:
         os.environ.setdefault("PREFECT_HOME", str(Path(tmp) / "prefect"))
         model = args.model
         if model == "tiny":
-            from tasks.rollout.models import build_tiny_model
+            from _results import tiny_model
 
-            model = str(build_tiny_model(Path(tmp) / "tiny", seed=0))
+            model = str(tiny_model(Path(tmp) / "tiny"))
         row: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": platform.node(), "cpus": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2), "model": args.model, "harnesses": ",".join(args.harness),

@@ -219,11 +219,14 @@ def main() -> None:
               "trl": lambda: side_trl(a.model_dir, a.iters, a.autocast), "loss": lambda: side_loss(a.model_dir)}[a.side]
         print(json.dumps(fn()))
         return
+    from _results import tiny_model
     from tasks.rollout.models import build_tiny_model, resolve_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        size = dict(layers=2, hidden=128) if a.smoke else dict(layers=4, hidden=256)
-        model_dir = str(build_tiny_model(Path(tmp) / "tiny", seed=0, vocab=1024, **size))
+        if a.smoke:  # the tests' tiny model: 2 layers, hidden 128, vocabulary 1024
+            model_dir = str(tiny_model(Path(tmp) / "tiny"))
+        else:
+            model_dir = str(build_tiny_model(Path(tmp) / "tiny", seed=0, layers=4, hidden=256, vocab=1024))
         ours = run_side("ours", model_dir, a.iters + 1, a.autocast, smoke=a.smoke)
         trl = None if a.smoke else run_side("trl", model_dir, a.iters + 1, a.autocast)
         loss = None if a.smoke else run_side("loss", model_dir, 1, a.autocast)

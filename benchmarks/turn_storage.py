@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("-c/--config is required (or --smoke)")
     tiny = None
     if args.smoke:
-        from tasks.rollout.models import build_tiny_model
+        from _results import tiny_model
 
         tiny = tempfile.TemporaryDirectory(prefix="harnessrl-bench-tiny-")
         args.config = args.config or Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
-        args.sets = [f"policy.model={build_tiny_model(Path(tiny.name) / 'tiny', seed=0)}",
+        args.sets = [f"policy.model={tiny_model(Path(tiny.name) / 'tiny')}",
                      "policy.engine=hf", "harnesses=[react-python]", "suites=[{name: basic_arithmetic, size: 4}]",
                      "rollout.samples_per_task=1", "rollout.task_runner=serial", *args.sets]
 

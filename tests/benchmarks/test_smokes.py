@@ -23,6 +23,12 @@ BENCH = ROOT / "benchmarks"
 ELSEWHERE = {"sealed_eval": "tests/benchmarks/test_sealed_eval_smoke.py", "learning": "tests/analysis/test_learning.py"}
 
 
+@pytest.fixture(autouse=True)
+def _shared_tiny_model(tiny_model_dir, monkeypatch):
+    """The smokes take the suite's tiny model instead of each building one (benchmarks/_results.py)."""
+    monkeypatch.setenv("HARNESSRL_TINY_MODEL", str(tiny_model_dir))
+
+
 def run_smoke(name: str, tmp_path: Path, *args: str) -> dict:
     env = {**os.environ, "HARNESSRL_BENCH_RESULTS": str(tmp_path), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_VERBOSITY": "error", "HARNESSRL_PROGRESS": "0", "PREFECT_HOME": str(tmp_path / "prefect")}
@@ -150,4 +156,8 @@ def test_task_difficulty(tmp_path):
     row = run_smoke("task_difficulty", tmp_path)
     assert row["engine"] == "hf" and len(row["families"]) == 2
     for f in row["families"]:
-        assert f["problems"] == 4 and 0.0 <= f["pass_at_1"] <= f["pass_at_k"] <= 1.0 and 0 <= f["cut_frac"] <= 1
+        assert f["problems"] == 4 and f["dataset"] == "basic_arithmetic"
+        # pass_at_1 is the mean reward (partial credit counts), pass_at_k the share of tasks with a reward-1 sample
+        for k in ("pass_at_1", "pass_at_k", "signal_groups", "cut_frac"):
+            assert 0.0 <= f[k] <= 1.0, (k, f)
+        assert 0 < f["mean_tokens"] <= 64  # the direct harness's max_new_tokens
