@@ -20,7 +20,7 @@ from tests.facilities import bwrap_missing, chromium_missing, require
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 #: smokes tested in their own files
-ELSEWHERE = {"sealed_eval": "tests/benchmarks/test_sealed_eval_smoke.py", "learning": "tests/analysis/test_learning.py"}
+ELSEWHERE = {"sealed_eval": "tests/benchmarks/test_sealed_eval_smoke.py"}
 
 
 @pytest.fixture(autouse=True)
@@ -161,3 +161,15 @@ def test_task_difficulty(tmp_path):
         for k in ("pass_at_1", "pass_at_k", "signal_groups", "cut_frac"):
             assert 0.0 <= f[k] <= 1.0, (k, f)
         assert 0 < f["mean_tokens"] <= 64  # the direct harness's max_new_tokens
+
+
+def test_learning(tmp_path):
+    row = run_smoke("learning", tmp_path)
+    assert row["config"] == "learn-arith.yaml" and row["budget_s"] == 20.0 and row["attempts"] == 1
+    assert set(row["curves"]) == {"ours"} and "TRL" in row["skipped"] and "speedup" not in row
+    (t0, base), *marks = row["curves"]["ours"]
+    assert t0 == 0.0 and base == row["base_pass_at_1"] and len(marks) == 2  # base, then one point per mark
+    times = [t for t, _ in marks]
+    assert times == sorted(times) and times[0] > 0
+    assert all(0.0 <= p <= 1.0 for _, p in row["curves"]["ours"])
+    assert row["ours_iterations"] >= 1 and row["ours_samples_per_s"] > 0
