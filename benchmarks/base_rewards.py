@@ -78,7 +78,8 @@ def main() -> None:
         "name": "base-rewards", "seed": args.seed,
         "suites": [{**SUITES[s], "size": args.tasks, "seed": args.seed} for s in suites],
         "harnesses": harnesses,
-        "policy": {"model": args.model, "engine": args.engine},
+        "policy": {"model": args.model, "engine": args.engine,
+                   **({"rollout_dtype": "float32"} if args.smoke else {})},  # fp32: bf16 kernels for each new shape cost more than a smoke's whole run on the CPU
         "sandbox": {"backend": args.backend, "wall_s": 10, "parallel": 4},
         "rollout": {"samples_per_task": args.samples, "task_runner": "serial"},
     })

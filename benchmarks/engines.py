@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny model, 2 prompts x 8 tokens, hf only (seconds)")
     args = ap.parse_args()
     if args.smoke:
-        args.model, args.prompts, args.tokens, args.lora = "tiny", 2, 8, 0
+        args.model, args.prompts, args.tokens, args.lora, args.dtype = "tiny", 2, 8, 0, "float32"
 
     from tasks.config import PolicyConfig
     from tasks.harnesses.spec import SamplingSpec

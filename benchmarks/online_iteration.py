@@ -35,7 +35,8 @@ from _results import report  # noqa: E402
 ARMS = [("hf", 0), ("vllm", 0), ("vllm", 1)]
 
 
-def run_arm(model: str, engine: str, staleness: int, iters: int, prompts: int, group: int, root: Path) -> dict:
+def run_arm(model: str, engine: str, staleness: int, iters: int, prompts: int, group: int, root: Path,
+            smoke: bool = False) -> dict:
     from schemas import ArtifactStore
     from tasks.config import RunConfig
     from tasks.records.freeze import freeze_tables
@@ -46,7 +47,8 @@ def run_arm(model: str, engine: str, staleness: int, iters: int, prompts: int, g
         "suites": [{"source": "reasoning_gym", "name": "basic_arithmetic", "size": 2 * prompts + 8, "seed": 0,
                     "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
         "split": {"test_fraction": 0.2}, "harnesses": ["direct"],
-        "policy": {"model": model, "engine": engine, "batch_size": prompts * group},
+        "policy": {"model": model, "engine": engine, "batch_size": prompts * group,
+                   **({"rollout_dtype": "float32", "autocast_dtype": "float32"} if smoke else {})},
         "rollout": {"samples_per_task": group, "task_runner": "serial"},
         "train": {"mode": "online", "steps": iters + 1, "prompts_per_step": prompts, "max_staleness": staleness,
                   "lr": 1e-5, "micro_batch_size": 32, "kl": {"beta": 0.0},
@@ -97,7 +99,7 @@ def main() -> None:
         if args.smoke:
             model, prompts, group, iters = str(tiny_model(root / "tiny")), 4, 2, 1
         arms = ARMS[:1] if args.smoke else ARMS
-        rows = [run_arm(model, engine, s, iters, prompts, group, root) for engine, s in arms]
+        rows = [run_arm(model, engine, s, iters, prompts, group, root, args.smoke) for engine, s in arms]
     print(f"\n{'engine':<6} {'S':>2} {'s/iter':>7} {'sample':>7} {'wait':>6} {'train':>6} {'sync':>6} {'samples/s':>10}")
     for r in rows:
         print(f"{r['engine']:<6} {r['max_staleness']:>2} {r['s_per_iter']:>7.2f} {r['sample_s']:>7.2f} {r['wait_s']:>6.2f} "

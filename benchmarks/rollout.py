@@ -224,6 +224,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.model, args.tasks, args.samples, args.repeats, args.harness = "tiny", 2, 1, 1, ["react-python"]
+        args.dtype = "float32"  # fp32: bf16 kernels for each new shape cost more than a smoke's whole run on the CPU
         args.runners, args.backends, args.execs, args.parts = "", "bwrap", 4, "engine,sandbox"
     args.parts = [p for p in args.parts.split(",") if p]
     args.harness = args.harness or ["react-python", "direct"]

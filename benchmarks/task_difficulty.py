@@ -72,7 +72,8 @@ def main() -> None:
             "suites": [{"source": "reasoning_gym", "name": FAMILIES[f][0], "params": FAMILIES[f][1], "size": args.tasks,
                         "seed": args.seed}],
             "split": {"test_fraction": 0.5}, "harnesses": ["direct"],
-            "policy": {"model": args.model, "engine": args.engine, "batch_size": 256},
+            "policy": {"model": args.model, "engine": args.engine, "batch_size": 256,
+                       **({"rollout_dtype": "float32"} if args.smoke else {})},
             "rollout": {"samples_per_task": args.samples, "task_runner": "serial"},
         })
 
