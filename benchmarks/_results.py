@@ -1,20 +1,89 @@
-"""Printing a benchmark's figures and appending them as one JSON row to results/<name>.jsonl."""
+"""Printing a benchmark's figures and appending them as one JSON row to results/<name>.jsonl.
+
+Every row gets ``commit`` (git SHA of the checkout, ``+dirty`` when tracked files differ), ``date``
+(UTC, ISO 8601) and ``machine`` (platform, CPU count, torch device) ahead of the benchmark's own
+figures, so a row says where and on what code it was measured. The docs' benchmarks page
+(``scripts/gen_docs.py``) is generated from these files.
+
+``HARNESSRL_BENCH_RESULTS`` (a folder) sends the rows to ``<folder>/<name>.jsonl`` instead of the
+tracked ``benchmarks/results/``: the tests' smoke runs set it so they never append to the
+tracked files. ``HARNESSRL_TINY_MODEL`` (a folder) hands the smokes the tiny model the test suite
+has already built (:func:`tiny_model`), so that each does not build its own.
+"""
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+RESULTS = Path(__file__).resolve().parent / "results"
+ENV = "HARNESSRL_BENCH_RESULTS"
+
+
+def commit() -> str | None:
+    """``git rev-parse HEAD`` of this checkout, with ``+dirty`` when tracked files are modified."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return sha.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def machine() -> dict[str, Any]:
+    """Platform, CPU count and the torch device a run could use (``none``: the benchmark never
+    imported torch, so none was used)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        device = "none"
+    elif torch.cuda.is_available():
+        device = f"cuda ({torch.cuda.get_device_name(0)})"
+    else:
+        device = "cpu"
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_device": device}
+
+
+def results_path(name: str, out: Path | None = None) -> Path:
+    """Where ``report`` appends: ``out``, else ``$HARNESSRL_BENCH_RESULTS/<name>.jsonl``, else
+    ``benchmarks/results/<name>.jsonl``."""
+    if out is not None:
+        return Path(out)
+    folder = os.environ.get(ENV)
+    return (Path(folder) if folder else RESULTS) / f"{name}.jsonl"
+
 
 def report(name: str, row: dict[str, Any], out: Path | None = None) -> Path:
-    """Print ``row`` one figure a line and append it to ``out`` (default
-    ``benchmarks/results/<name>.jsonl``)."""
+    """Print ``row`` one figure a line and append it, after ``commit``, ``date`` and ``machine``,
+    to :func:`results_path`. Returns the file."""
+    row = {"commit": commit(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine(), **row}
     width = max(len(k) for k in row) + 2
     for k, v in row.items():
         print(f"{k:>{width}}: {v}")
-    out = out or Path(__file__).parent / "results" / f"{name}.jsonl"
-    out.parent.mkdir(exist_ok=True)
+    out = results_path(name, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")
     return out
+
+
+def tiny_model(folder: str | Path) -> Path:
+    """The tests' tiny model (``build_tiny_model(seed=0)``, 2 layers, hidden 128, vocabulary 1024):
+    the folder ``$HARNESSRL_TINY_MODEL`` when it holds one, else built into ``folder`` (which
+    trains its tokenizer: seconds)."""
+    given = os.environ.get("HARNESSRL_TINY_MODEL")
+    if given and (Path(given) / "config.json").is_file():
+        return Path(given)
+    from tasks.rollout.models import build_tiny_model
+
+    return build_tiny_model(Path(folder), seed=0)

@@ -3,7 +3,8 @@
 rename) against a bare ``pyarrow.parquet`` write and read of the same table, in one run.
 
 Prints the figures and appends one JSON row to ``benchmarks/results/artifact_store.jsonl``.
-Usage: ``.venv/bin/python benchmarks/artifact_store.py [--rows 200000]``
+Usage: ``.venv/bin/python benchmarks/artifact_store.py [--rows 200000]``; ``--smoke``: 2,000 rows, one
+repeat (seconds), to show the script runs.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="2,000 rows, one repeat (seconds)")
     args = ap.parse_args()
+    if args.smoke:
+        args.rows, args.repeats = 2_000, 1
     from schemas import ArtifactStore
     from schemas.contracts import get_contract
     from schemas.validation import check_expectations
@@ -51,7 +55,8 @@ def main() -> None:
             ref = store.write("rollout", "episodes", table)
             best["store_write"] = min(best["store_write"], time.perf_counter() - t)
             t = time.perf_counter()
-            store.read(ref)
+            back = store.read(ref)
+            assert back.num_rows == args.rows, back.num_rows
             best["store_read"] = min(best["store_read"], time.perf_counter() - t)
             t = time.perf_counter()
             buf = io.BytesIO()
@@ -62,7 +67,7 @@ def main() -> None:
             pq.read_table(Path(tmp) / "bare.parquet")
             best["bare_read"] = min(best["bare_read"], time.perf_counter() - t)
     row = {
-        "benchmark": "artifact_store", "rows": args.rows, "python": platform.python_version(),
+        "benchmark": "artifact_store", "smoke": args.smoke, "rows": args.rows, "repeats": args.repeats, "python": platform.python_version(),
         **{f"{k}_s": round(v, 4) for k, v in best.items()},
         "write_overhead_ratio": round(best["store_write"] / best["bare_write"], 2),
         "read_overhead_ratio": round(best["store_read"] / best["bare_read"], 2),

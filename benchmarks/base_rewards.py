@@ -9,7 +9,9 @@ mean turns and tokens per (suite, harness), plus the wall time.
 
     .venv/bin/python benchmarks/base_rewards.py --engine vllm --tasks 6 --samples 2
 
-Appends one JSON row to ``benchmarks/results/base_rewards.jsonl``.
+Appends one JSON row to ``benchmarks/results/base_rewards.jsonl``. ``--smoke``: the tests' tiny model,
+the arithmetic suite, 2 tasks x the ``direct`` harness x 1 sample (seconds; the multi-turn harnesses
+are skipped here, ``rollout.py --smoke`` and ``turn_storage.py --smoke`` run ``react-python``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,18 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2, help="episodes per (task, harness)")
     ap.add_argument("--backend", default="bwrap", choices=["bwrap", "docker"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="tiny model, arithmetic, 2 tasks x direct x 1 sample")
     args = ap.parse_args()
+    tiny = None
+    if args.smoke:
+        import tempfile
+
+        from _results import tiny_model
+
+        tiny = tempfile.TemporaryDirectory(prefix="harnessrl-bench-tiny-")
+        args.model = str(tiny_model(Path(tiny.name) / "tiny"))
+        args.engine, args.suite, args.harness = "hf", ["arithmetic"], ["direct"]
+        args.tasks, args.samples = 2, 1
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -65,7 +78,8 @@ def main() -> None:
         "name": "base-rewards", "seed": args.seed,
         "suites": [{**SUITES[s], "size": args.tasks, "seed": args.seed} for s in suites],
         "harnesses": harnesses,
-        "policy": {"model": args.model, "engine": args.engine},
+        "policy": {"model": args.model, "engine": args.engine,
+                   **({"rollout_dtype": "float32"} if args.smoke else {})},  # fp32: bf16 kernels for each new shape cost more than a smoke's whole run on the CPU
         "sandbox": {"backend": args.backend, "wall_s": 10, "parallel": 4},
         "rollout": {"samples_per_task": args.samples, "task_runner": "serial"},
     })
@@ -101,8 +115,9 @@ def main() -> None:
               f"{row['infra_errors']:>6} {row['mean_turns']:>6.2f} {row['mean_output_tokens']:>8.1f}")
     print()
     report("base_rewards", {
-        "model": args.model, "engine": args.engine, "backend": args.backend, "tasks_per_suite": args.tasks,
-        "samples": args.samples, "tasks_loaded": {s: sum(t["suite"].startswith(SUITES[s]["source"]) and
+        "model": "tiny (smoke)" if args.smoke else args.model, "smoke": args.smoke, "engine": args.engine, "backend": args.backend, "tasks_per_suite": args.tasks,
+        "samples": args.samples, "harnesses": harnesses,
+        **({"skipped": "every harness but direct"} if args.smoke else {}), "tasks_loaded": {s: sum(t["suite"].startswith(SUITES[s]["source"]) and
                                                           (SUITES[s]["source"] != "reasoning_gym" or
                                                            t["suite"].endswith(SUITES[s]["name"]))
                                                           for t in task_rows) for s in suites},

@@ -9,7 +9,8 @@ two identical calls (the first warms up). ``--lora R`` adds the ``vllm`` engine 
 (non-zero) rank-R LoRA adapter applied both ways (``policy.vllm.lora``: ``adapter``, vLLM's LoRA
 layers; ``merged``, merged into the weights), so the three vLLM rows compare side by side in one
 run; ``--prompt-words`` pads each prompt (multi-turn episodes carry long prompts). Needs
-.venv-vllm (scripts/setup-vllm.sh).
+.venv-vllm (scripts/setup-vllm.sh). ``--smoke``: the tiny model, 2 prompts x 8 tokens, the ``hf``
+engine only (vLLM's start alone takes longer than a smoke may; the row says it was skipped).
 """
 
 from __future__ import annotations
@@ -33,21 +34,28 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--lora", type=int, default=0, help="rank of a random LoRA adapter to compare (0: none)")
     ap.add_argument("--prompt-words", type=int, default=0, help="words of filler added to every prompt")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 2 prompts x 8 tokens, hf only (seconds)")
     args = ap.parse_args()
+    if args.smoke:
+        args.model, args.prompts, args.tokens, args.lora, args.dtype = "tiny", 2, 8, 0, "float32"
 
     from tasks.config import PolicyConfig
     from tasks.harnesses.spec import SamplingSpec
     from tasks.rollout.engines import make_policy
-    from tasks.rollout.models import build_tiny_model, model_id, resolve_model
+    from benchmarks._results import tiny_model
+    from tasks.rollout.models import model_id, resolve_model
 
     if args.model == "tiny":
-        path = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0)
+        path = tiny_model(Path(tempfile.mkdtemp()) / "tiny")
     else:
         path = resolve_model(args.model)
     sampling = SamplingSpec(temperature=1.0, max_new_tokens=args.tokens)
     row = {"model": args.model, "prompts": args.prompts, "max_new_tokens": args.tokens, "dtype": args.dtype,
-           "lora_rank": args.lora, "prompt_words": args.prompt_words}
+           "lora_rank": args.lora, "prompt_words": args.prompt_words, "smoke": args.smoke}
     runs = [("hf", "hf", None), ("vllm", "vllm", None)]
+    if args.smoke:
+        runs = runs[:1]
+        row["skipped"] = "vllm (engine start takes longer than a smoke run)"
     adapter = None
     if args.lora:
         adapter = _random_adapter(path, Path(tempfile.mkdtemp()) / "adapter", args.lora)

@@ -241,9 +241,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if a.smoke:
-            from tasks.rollout.models import build_tiny_model
+            from _results import tiny_model
 
-            overrides = {"policy.model": str(build_tiny_model(root / "tiny", seed=0)), "policy.engine": "hf",
+            overrides = {"policy.model": str(tiny_model(root / "tiny")), "policy.engine": "hf",
                          "suites.0.size": 12, "train.prompts_per_step": 2, "rollout.samples_per_task": 2}
             a.budget_s, a.marks, a.attempts = 20.0, 2, 1
         env = {**os.environ, "HARNESSRL_LEARNING_OVERRIDES": json.dumps(overrides)}
@@ -279,6 +279,8 @@ def main() -> None:
                            "smoke": a.smoke, "base_pass_at_1": base, "curves": curves,
                            **{f"{n}_iterations": s["iterations"] for n, s in sides.items()},
                            **{f"{n}_samples_per_s": round(s["samples_per_s"], 2) for n, s in sides.items()}}
+    if "trl" not in curves:
+        row["skipped"] = "the TRL side (smoke mode)" if a.smoke else f"the TRL side ({BENCH_PY} missing)"
     if "trl" in curves:
         target = min(curves["ours"][-1][1], curves["trl"][-1][1])
         t_ours, t_trl = time_to(curves["ours"], target), time_to(curves["trl"], target)

@@ -4,7 +4,9 @@ scripted policies on every env of the ``basic`` preset over ``--instances`` seed
 that the preset is solvable through the click/type session API).
 
 Prints the figures and appends one JSON row to ``benchmarks/results/miniwob_session.jsonl``.
-Usage: ``.venv/bin/python benchmarks/miniwob_session.py [--instances 5]``
+Usage: ``.venv/bin/python benchmarks/miniwob_session.py [--instances 5]``; ``--smoke``: the
+``enter-text`` env only (it also times click and type), one instance, the other ``basic`` envs
+skipped (a browser start each).
 """
 
 from __future__ import annotations
@@ -70,9 +72,13 @@ def _policy(sess: MiniWoBSession) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--instances", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="enter-text only, one instance (one browser start)")
     args = ap.parse_args()
+    envs = list(PRESETS["basic"])
+    if args.smoke:
+        envs, args.instances = ["enter-text"], 1
     starts, resets, clicks, types, observes, closes, rewards = [], [], [], [], [], [], {}
-    for env in PRESETS["basic"]:
+    for env in envs:
         sess = MiniWoBSession(env, instance_seed(0, env, 0))
         starts.append(sess.timings["start"])
         got = []
@@ -100,7 +106,7 @@ def main() -> None:
         closes.append(time.perf_counter() - t)
     report("miniwob_session", {
         "host": platform.node(), "cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2),
-        "instances_per_env": args.instances,
+        "instances_per_env": args.instances, "smoke": args.smoke, "envs": envs,
         "start_s_median": round(statistics.median(starts), 3), "start_s_max": round(max(starts), 3),
         "reset_s_median": round(statistics.median(resets), 3) if resets else None,
         "observe_s_median": round(statistics.median(observes), 3),

@@ -19,7 +19,12 @@ rollout stage's fan-out runners, and sandbox executions per second.
     .venv/bin/python benchmarks/rollout.py --model tiny --tasks 8 --samples 4
     .venv/bin/python benchmarks/rollout.py --model smollm2-135m-instruct --harness react-python --harness direct
 
-Prints the figures and appends one JSON row to ``benchmarks/results/rollout.jsonl``.
+    .venv/bin/python benchmarks/rollout.py --smoke     # tiny model, react-python, 2 tasks x 1, serial, bwrap
+
+Prints the figures and appends one JSON row to ``benchmarks/results/rollout.jsonl``. ``--smoke``
+runs the harness-vs-engine and sandbox parts at tiny sizes and skips the stage part (its point,
+rows equal across runners, needs the thread and dask runners, whose start-up takes longer than a
+smoke may) and the docker backend; the row says so.
 """
 
 from __future__ import annotations
@@ -109,7 +114,7 @@ def harness_vs_engine(args: argparse.Namespace, model: str) -> dict[str, Any]:
                 identical &= [g.token_ids for g in gens] == want
             engine_s = min(engine_s, t_engine)
         tokens = sum(len(ids) for *_, got in rec.calls for ids in got)
-        execs = sum(json.loads(tr["action"])["type"] == "code" for tr in turns)
+        execs = sum(len(json.loads(tr["action"]).get("calls") or []) for tr in turns)  # tool calls run
         p = spec.name
         out.update({
             f"{p}.episodes": len(eps), f"{p}.turns": len(turns), f"{p}.generate_calls": len(rec.calls),
@@ -215,7 +220,12 @@ def main() -> None:
     ap.add_argument("--execs", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=2, help="harness/engine timing repeats (the minimum is kept)")
     ap.add_argument("--parts", default="engine,stage,sandbox", help="which of engine, stage, sandbox to run")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, react-python, 2 tasks x 1 sample, serial, bwrap, 4 execs")
     args = ap.parse_args()
+    if args.smoke:
+        args.model, args.tasks, args.samples, args.repeats, args.harness = "tiny", 2, 1, 1, ["react-python"]
+        args.dtype = "float32"  # fp32: bf16 kernels for each new shape cost more than a smoke's whole run on the CPU
+        args.runners, args.backends, args.execs, args.parts = "", "bwrap", 4, "engine,sandbox"
     args.parts = [p for p in args.parts.split(",") if p]
     args.harness = args.harness or ["react-python", "direct"]
     args.runners = [r for r in args.runners.split(",") if r]
@@ -228,16 +238,18 @@ def main() -> None:
         os.environ.setdefault("PREFECT_HOME", str(Path(tmp) / "prefect"))
         model = args.model
         if model == "tiny":
-            from tasks.rollout.models import build_tiny_model
+            from _results import tiny_model
 
-            model = str(build_tiny_model(Path(tmp) / "tiny", seed=0))
+            model = str(tiny_model(Path(tmp) / "tiny"))
         row: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": platform.node(), "cpus": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2), "model": args.model, "harnesses": ",".join(args.harness),
             "suite": args.suite, "tasks": args.tasks, "samples": args.samples, "dtype": args.dtype,
             "workers": args.workers, "shard_size": args.shard_size, "repeats": args.repeats,
-            "parts": ",".join(args.parts),
+            "parts": ",".join(args.parts), "smoke": args.smoke,
         }
+        if args.smoke:
+            row["skipped"] = "the stage part (serial, thread, dask runners) and the docker backend"
         for part, fn in (("engine", harness_vs_engine), ("stage", stage_runners), ("sandbox", sandbox_rates)):
             if part in args.parts:
                 row.update(fn(args, model) if part != "sandbox" else fn(args))

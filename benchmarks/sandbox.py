@@ -6,7 +6,8 @@
 - ``<backend>_exec_true_wall_s``: the command's own wall time as measured inside the sandbox.
 
 A backend that cannot start here is reported as ``<backend>_unavailable`` with the reason.
-Usage: ``python benchmarks/sandbox.py [--execs N] [--episodes N]``; appends a row to
+Usage: ``python benchmarks/sandbox.py [--execs N] [--episodes N] [--smoke]`` (``--smoke``: 5 execs, 2
+episodes, seconds); appends a row to
 ``benchmarks/results/sandbox.jsonl``.
 """
 
@@ -61,9 +62,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--execs", type=int, default=100)
     ap.add_argument("--episodes", type=int, default=10)
+    ap.add_argument("--smoke", action="store_true", help="5 execs, 2 episodes per backend (seconds)")
     a = ap.parse_args()
+    if a.smoke:
+        a.execs, a.episodes = 5, 2
     row: dict[str, object] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": platform.node(),
-                              "cpus": os.cpu_count(), "execs": a.execs, "episodes": a.episodes}
+                              "cpus": os.cpu_count(), "smoke": a.smoke, "execs": a.execs, "episodes": a.episodes}
     for backend in ("bwrap", "docker"):
         try:
             row.update(bench(backend, a.execs, a.episodes))

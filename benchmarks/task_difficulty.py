@@ -57,14 +57,14 @@ def main() -> None:
     from tasks.hashing import seed_from
     from tasks.harnesses.spec import HarnessSpec
     from tasks.records.freeze import freeze_tables
-    from tasks.rollout.models import build_tiny_model
+    from _results import tiny_model
     from tasks.rollout.stage import load_policy, run_records
 
     families = args.family or sorted(FAMILIES)
     tmp = None
     if args.smoke:
         tmp = tempfile.TemporaryDirectory()
-        args.model = str(build_tiny_model(Path(tmp.name) / "tiny", seed=0))
+        args.model = str(tiny_model(Path(tmp.name) / "tiny"))
         args.engine, args.tasks, args.samples, families = "hf", 4, 2, families[:2]
     def family_cfg(f: str) -> RunConfig:
         return RunConfig.model_validate({
@@ -72,7 +72,8 @@ def main() -> None:
             "suites": [{"source": "reasoning_gym", "name": FAMILIES[f][0], "params": FAMILIES[f][1], "size": args.tasks,
                         "seed": args.seed}],
             "split": {"test_fraction": 0.5}, "harnesses": ["direct"],
-            "policy": {"model": args.model, "engine": args.engine, "batch_size": 256},
+            "policy": {"model": args.model, "engine": args.engine, "batch_size": 256,
+                       **({"rollout_dtype": "float32"} if args.smoke else {})},
             "rollout": {"samples_per_task": args.samples, "task_runner": "serial"},
         })
 

@@ -19,6 +19,10 @@ TRL is installed only for this benchmark, in ``.venv-bench`` layered over ``.ven
     .venv-bench/bin/pip install --no-deps trl==1.16.0 && .venv-bench/bin/pip install datasets==5.2.0
     .venv-bench/bin/python benchmarks/train_step.py [--iters 3] [--smollm2]
 
+``--smoke`` (the test suite, plain ``.venv``): our side only, on a 2-layer tiny model, 4 prompts x 2
+completions x 16 tokens, one timed iteration; TRL's side and the loss comparison need
+``.venv-bench`` and are skipped (the row says so).
+
 Prints the figures and appends one JSON row to ``benchmarks/results/train_step.jsonl``.
 """
 
@@ -186,9 +190,9 @@ def side_loss(model_dir: str) -> dict:
     return out
 
 
-def run_side(side: str, model_dir: str, iters: int, autocast: str, micro: int = 32) -> dict:
+def run_side(side: str, model_dir: str, iters: int, autocast: str, micro: int = 32, smoke: bool = False) -> dict:
     res = subprocess.run([sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--iters", str(iters),
-                          "--autocast", autocast, "--micro", str(micro)], capture_output=True, text=True, env={**os.environ,
+                          "--autocast", autocast, "--micro", str(micro), *(["--smoke"] if smoke else [])], capture_output=True, text=True, env={**os.environ,
                           "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"})
     if res.returncode != 0:
         raise RuntimeError(f"side {side} failed:\n{res.stderr[-3000:]}")
@@ -203,32 +207,47 @@ def main() -> None:
     ap.add_argument("--autocast", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--smollm2", action="store_true", help="also time our trainer on SmolLM2-135M (bf16)")
     ap.add_argument("--micro", type=int, default=32, help="our trainer's micro-batch size (sequences per forward)")
+    ap.add_argument("--smoke", action="store_true", help="ours only, 2-layer tiny model, 4 prompts x 2 x 16 tokens")
     a = ap.parse_args()
+    global N_PROMPTS, GROUP, MAX_NEW
+    if a.smoke:
+        N_PROMPTS, GROUP, MAX_NEW, a.smollm2 = 4, 2, 16, False
+        if not a.side:  # a side process gets its iteration count from the parent
+            a.iters = 1
     if a.side:
         fn = {"ours": lambda: side_ours(a.model_dir, a.iters, a.autocast, a.micro),
               "trl": lambda: side_trl(a.model_dir, a.iters, a.autocast), "loss": lambda: side_loss(a.model_dir)}[a.side]
         print(json.dumps(fn()))
         return
+    from _results import tiny_model
     from tasks.rollout.models import build_tiny_model, resolve_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(build_tiny_model(Path(tmp) / "tiny", seed=0, layers=4, hidden=256, vocab=1024))
-        ours = run_side("ours", model_dir, a.iters + 1, a.autocast)
-        trl = run_side("trl", model_dir, a.iters + 1, a.autocast)
-        loss = run_side("loss", model_dir, 1, a.autocast)
+        if a.smoke:  # the tests' tiny model: 2 layers, hidden 128, vocabulary 1024
+            model_dir = str(tiny_model(Path(tmp) / "tiny"))
+        else:
+            model_dir = str(build_tiny_model(Path(tmp) / "tiny", seed=0, layers=4, hidden=256, vocab=1024))
+        ours = run_side("ours", model_dir, a.iters + 1, a.autocast, smoke=a.smoke)
+        trl = None if a.smoke else run_side("trl", model_dir, a.iters + 1, a.autocast)
+        loss = None if a.smoke else run_side("loss", model_dir, 1, a.autocast)
     samples = N_PROMPTS * GROUP
     row = {"benchmark": "train_step", "python": platform.python_version(), "iters_timed": a.iters,
-           "autocast": a.autocast, "model": "tiny-4x256-v1024", "prompts": N_PROMPTS, "group": GROUP,
-           "max_new_tokens": MAX_NEW, "lora_rank": RANK}
+           "autocast": a.autocast, "model": "tiny-2x128-v1024" if a.smoke else "tiny-4x256-v1024", "prompts": N_PROMPTS,
+           "group": GROUP, "max_new_tokens": MAX_NEW, "lora_rank": RANK, "smoke": a.smoke}
+    if a.smoke:
+        row["skipped"] = "TRL side and the same-batch loss comparison (TRL lives in .venv-bench)"
     for name, r in (("ours", ours), ("trl", trl)):
+        if r is None:
+            continue
         secs = r["seconds"][1:]  # the first iteration is a warm-up
         row[f"{name}_s_per_iter"] = round(sum(secs) / len(secs), 3)
         row[f"{name}_samples_per_s"] = round(samples / row[f"{name}_s_per_iter"], 2)
         row[f"{name}_peak_rss_mb"] = round(r["peak_rss_mb"])
         row[f"{name}_completion_tokens"] = r["completion_tokens"][1:]
-    row["throughput_ratio_ours_over_trl"] = round(row["ours_samples_per_s"] / row["trl_samples_per_s"], 2)
-    row["loss_same_batch"] = loss
-    row["losses_agree"] = all(abs(v["trl"] - v["ours"]) <= 1e-5 * (1 + abs(v["trl"])) for v in loss.values())
+    if trl is not None and loss is not None:
+        row["throughput_ratio_ours_over_trl"] = round(row["ours_samples_per_s"] / row["trl_samples_per_s"], 2)
+        row["loss_same_batch"] = loss
+        row["losses_agree"] = all(abs(v["trl"] - v["ours"]) <= 1e-5 * (1 + abs(v["trl"])) for v in loss.values())
     if a.smollm2:
         sm = run_side("ours", str(resolve_model("smollm2-135m-instruct")), 2, "bfloat16")
         row["smollm2_bf16_s_per_iter"] = round(sm["seconds"][1], 2)

@@ -10,7 +10,8 @@ the v1 schema (registered here as ``turns_v1``, same Parquet settings). Prints t
 the file sizes; appends a JSON row to ``benchmarks/results/turn_storage.jsonl``.
 
 Usage: ``.venv/bin/python benchmarks/turn_storage.py -c configs/p6-gspo-small.yaml --quick
---set policy.engine=hf``
+--set policy.engine=hf``. ``--smoke``: ``configs/default.yaml`` with the tests' tiny model, 4
+arithmetic tasks under ``react-python`` (multi-turn) x 1 sample, seconds.
 """
 
 from __future__ import annotations
@@ -29,10 +30,22 @@ from _results import report  # noqa: E402
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser()
-    ap.add_argument("-c", "--config", type=Path, required=True)
+    ap.add_argument("-c", "--config", type=Path)
+    ap.add_argument("--smoke", action="store_true", help="default config, tiny model, 4 tasks x react-python x 1")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE override (repeatable)")
     args = ap.parse_args(argv)
+    if args.config is None and not args.smoke:
+        ap.error("-c/--config is required (or --smoke)")
+    tiny = None
+    if args.smoke:
+        from _results import tiny_model
+
+        tiny = tempfile.TemporaryDirectory(prefix="harnessrl-bench-tiny-")
+        args.config = args.config or Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+        args.sets = [f"policy.model={tiny_model(Path(tiny.name) / 'tiny')}",
+                     "policy.engine=hf", "harnesses=[react-python]", "suites=[{name: basic_arithmetic, size: 4}]",
+                     "rollout.samples_per_task=1", "rollout.task_runner=serial", *args.sets]
 
     import pyarrow as pa
     import yaml
@@ -70,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     eps = by_episode(turns)
     row = {
         "benchmark": "turn_storage", "host": platform.node(), "config": str(args.config), "quick": args.quick,
+        "smoke": args.smoke,
         "overrides": args.sets, "harnesses": cfg.harnesses, "engine": cfg.policy.engine,
         "episodes": len(eps), "turns": len(turns), "max_turns_in_an_episode": max(len(ts) for ts in eps.values()),
         "rollout_s": round(t_rollout, 1),
@@ -80,6 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
         "bytes_ratio_v1_over_v2": round(v1_bytes / v2_bytes, 2), "v1_rows": v1_ref.rows,
     }
     report("turn_storage", row)
+    if tiny is not None:
+        tiny.cleanup()
     return row
 
 

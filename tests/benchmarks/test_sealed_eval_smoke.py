@@ -15,7 +15,9 @@ def test_sealed_eval_smoke_multi_turn(tmp_path, monkeypatch):
     spec.loader.exec_module(mod)
     out = tmp_path / "rows.jsonl"
     row = mod.main(["--smoke", "--results", str(out)])
-    assert json.loads(out.read_text().splitlines()[-1]) == row
+    written = json.loads(out.read_text().splitlines()[-1])
+    assert {k: v for k, v in written.items() if k not in ("commit", "date", "machine")} == row
+    assert written["machine"]["cpus"] > 0 and written["date"].endswith("+00:00")
     assert row["mode"] == "multi-turn" and row["turns_per_attempt"] == 4
     # 8 test tasks x 4 harnesses x 3 checkpoints x 2 attempts, plus one retry row per infra_error
     assert row["planned_evaluations"] == 8 * 4 * 3 * 2 == row["sealed_rows"] - row["retry_rows"]

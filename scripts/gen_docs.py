@@ -1,0 +1,297 @@
+"""The docs pages that are generated, never written by hand, so they cannot go stale:
+
+- ``reference/configuration.md``: every section and field of ``tasks.config.RunConfig`` (type,
+  default, constraints) with each section's docstring, from the pydantic models;
+- ``reference/harness-spec.md``: every field of ``tasks.harnesses.spec.HarnessSpec`` and the
+  shipped harnesses (``tasks/harnesses/specs/*.yaml``), loaded and validated;
+- ``benchmarks.md``: the rows of ``benchmarks/results/*.jsonl`` (commit, date, machine, figures).
+
+mkdocs runs this file as a hook (``hooks:`` in ``mkdocs.yml``): ``on_files`` adds the pages to
+the build in memory; nothing is written into ``docs/``. ``python scripts/gen_docs.py OUT_DIR``
+writes them to a folder instead, to read them without mkdocs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from pydantic import BaseModel  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+#: rows of each benchmark shown on the page, newest first
+ROWS_SHOWN = 6
+
+
+def _type_name(tp: Any) -> str:
+    """A short readable form of a field's annotation: ``'a' | 'b'`` for a Literal, ``list[str]``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{', '.join(_type_name(a) for a in args)}]" if args else name
+    if tp is type(None):
+        return "None"
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _models_in(tp: Any, in_list: bool = False) -> list[tuple[type[BaseModel], bool]]:
+    """The pydantic models a field's annotation holds (directly, in a list, or in an Optional),
+    each with whether it sits in a list."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [(tp, in_list)]
+    is_list = in_list or typing.get_origin(tp) is list
+    return [m for a in typing.get_args(tp) for m in _models_in(a, is_list)]
+
+
+def _default(field: Any) -> str:
+    if field.is_required():
+        return "required"
+    if field.default_factory is not None:
+        try:
+            value = field.default_factory()
+        except TypeError:
+            return "(computed)"
+        if isinstance(value, BaseModel):
+            return "(section defaults)"
+        return f"`{json.dumps(value)}`"
+    value = field.default
+    return f"`{json.dumps(value) if not isinstance(value, str) else repr(value)}`"
+
+
+def _constraints(field: Any) -> str:
+    out = []
+    for m in field.metadata:
+        for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="), ("min_length", "min length"),
+                          ("max_length", "max length"), ("pattern", "pattern")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                out.append(f"{sym} `{v}`" if attr != "pattern" else f"pattern `{v}`")
+    return ", ".join(out)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _docstring(model: type[BaseModel]) -> str:
+    """The model's own docstring, Sphinx roles (``:class:`X` ``) reduced to code spans."""
+    if not model.__dict__.get("__doc__"):
+        return ""
+    return re.sub(r":(?:class|meth|func|mod|attr):`~?([^`]+)`", r"`\1`", inspect.getdoc(model) or "")
+
+
+def model_sections(model: type[BaseModel], prefix: str, level: int = 2,
+                   seen: set[str] | None = None) -> list[str]:
+    """Markdown for ``model`` as the section ``prefix`` (a heading, its docstring, a table of its
+    fields with dotted names), then one such section per nested model field."""
+    seen = set() if seen is None else seen
+    lines = [f"{'#' * level} `{prefix}`" if prefix else f"{'#' * level} Top level", ""]
+    doc = _docstring(model)
+    if doc:
+        lines += [doc, ""]
+    lines += ["| key | type | default | constraints |", "| --- | --- | --- | --- |"]
+    nested = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        lines.append(f"| `{key}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} | "
+                     f"{_cell(_constraints(field))} |")
+        for sub, in_list in _models_in(field.annotation):
+            nested.append((f"{key}[]" if in_list else key, sub))
+    lines.append("")
+    for key, sub in nested:
+        lines += model_sections(sub, key, level + (1 if prefix else 0), seen)
+    return lines
+
+
+def config_reference() -> str:
+    from tasks.config import RunConfig
+
+    top = [n for n, f in RunConfig.model_fields.items() if _models_in(f.annotation)]
+    return "\n".join([
+        "# Configuration reference",
+        "",
+        "Generated from the pydantic models in `tasks/config.py` (`scripts/gen_docs.py`, run by mkdocs "
+        "on every build). A config file is YAML validated by `RunConfig`; unknown keys are refused. "
+        "Override any key on the command line with `--set section.key=value` (YAML value syntax). "
+        "Every config under `configs/` starts with a comment describing its experiment; "
+        "`configs/default.yaml` is the embedded default.",
+        "",
+        "Sections: " + ", ".join(f"`{n}`" for n in top) + ".",
+        "",
+        *model_sections(RunConfig, ""),
+    ])
+
+
+def harness_reference() -> str:
+    from tasks.harnesses.spec import HarnessSpec, load_harness, shipped_harnesses
+
+    rows = ["| harness | family | action format | loop | max turns | tools | environments |",
+            "| --- | --- | --- | --- | ---: | --- | --- |"]
+    for name in shipped_harnesses():
+        h = load_harness(name)
+        tools = ", ".join(t.name for t in h.tools) or "-"
+        rows.append(f"| `{h.name}` | {_cell(h.family)} | `{h.action_format}` | `{h.loop_type}` | {h.max_turns} | "
+                    f"{_cell(tools)} | {', '.join(h.environments)} |")
+    return "\n".join([
+        "# Harness spec reference",
+        "",
+        "Generated from `tasks/harnesses/spec.py` and `tasks/harnesses/specs/*.yaml` (`scripts/gen_docs.py`). "
+        "A harness is one YAML file validated by `HarnessSpec` and hashed into its `harness_id`; one engine "
+        "(`tasks/rollout/harness.py`) interprets every spec, so adding a harness is adding a file. "
+        "A config names harnesses by file name (`harnesses: [direct, react-python]`) or by path.",
+        "",
+        "## Shipped harnesses",
+        "",
+        *rows,
+        "",
+        *model_sections(HarnessSpec, "", 2),
+    ])
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (dict, list)):
+        s = json.dumps(v, separators=(", ", ": "))
+        return s if len(s) <= 120 else s[:117] + "..."
+    return str(v)
+
+
+def _script_summary(name: str) -> str:
+    """The first paragraph of ``benchmarks/<name>.py``'s docstring, on one line."""
+    script = ROOT / "benchmarks" / f"{name}.py"
+    if not script.is_file():
+        return ""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+    return doc.split("\n\n")[0].replace("\n", " ")
+
+
+def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks") -> str:
+    """One section per script under ``benchmarks/`` (what it measures: its docstring's first
+    paragraph), then the newest rows of ``results/<name>.jsonl`` as columns, one figure a line."""
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated from the scripts under `benchmarks/` and their tracked rows in `benchmarks/results/*.jsonl` "
+        "(`scripts/gen_docs.py`). Each row is one run of a script, stamped with the commit (`+dirty`: with "
+        "uncommitted changes), the date (UTC) and the machine. Add a row by running a script at its full "
+        "sizes; the page follows on the next docs build. Every script also has `--smoke` (tiny sizes, "
+        "seconds), which the test suite runs into a temporary folder, so a script that stops working fails "
+        "the tests; smoke rows show that a script runs, not how fast anything is.",
+        "",
+        "```bash",
+        ".venv/bin/python benchmarks/artifact_store.py --smoke   # seconds",
+        ".venv/bin/python benchmarks/artifact_store.py           # full sizes, one row",
+        "```",
+        "",
+    ]
+    names = sorted({p.stem for p in scripts.glob("*.py") if not p.stem.startswith("_")} |
+                   ({p.stem for p in results.glob("*.jsonl")} if results.is_dir() else set()))
+    for name in names:
+        lines += [f"## {name}", ""]
+        summary = _script_summary(name)
+        if summary:
+            lines += [summary, ""]
+        f = results / f"{name}.jsonl"
+        rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
+        if not rows:
+            lines += [f"No rows recorded yet: run `.venv/bin/python benchmarks/{name}.py`.", ""]
+            continue
+        shown = rows[::-1][:ROWS_SHOWN]
+        lines += [f"{len(rows)} row(s) in `benchmarks/results/{f.name}`; the newest {len(shown)} shown.", ""]
+        keys: list[str] = []
+        for r in shown:
+            for k, v in r.items():
+                if k == "machine" and isinstance(v, dict):
+                    for mk in v:
+                        if f"machine.{mk}" not in keys:
+                            keys.append(f"machine.{mk}")
+                elif k not in keys:
+                    keys.append(k)
+        lines += ["| figure | " + " | ".join(f"run {i + 1}" for i in range(len(shown))) + " |",
+                  "| --- | " + " | ".join("---" for _ in shown) + " |"]
+        for k in keys:
+            vals = []
+            for r in shown:
+                v = r.get("machine", {}).get(k.split(".", 1)[1]) if k.startswith("machine.") else r.get(k)
+                if k == "commit" and isinstance(v, str):
+                    v = v[:12] + ("+dirty" if v.endswith("+dirty") else "")
+                vals.append("" if v is None else _cell(_fmt(v)))
+            lines.append(f"| `{k}` | " + " | ".join(vals) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def commands_reference() -> str:
+    """Every ``harnessrl`` command with its help text and parameters, from the typer app."""
+    import typer.main
+
+    from flows.cli import app
+
+    group = typer.main.get_command(app)
+    lines = ["# Commands", "",
+             "Generated from the command-line app `flows/cli.py` (`scripts/gen_docs.py`). Run them as "
+             "`.venv/bin/harnessrl COMMAND` (or activate the environment: `. .venv/bin/activate`); "
+             "`harnessrl COMMAND --help` prints the same.", ""]
+    for name, cmd in group.commands.items():
+        lines += [f"## `harnessrl {name}`", "", inspect.cleandoc(cmd.help or ""), "",
+                  "| parameter | help | default |", "| --- | --- | --- |"]
+        for prm in cmd.params:
+            if prm.name == "help":
+                continue
+            label = ", ".join(prm.opts) if prm.opts[0].startswith("-") else prm.name.upper()
+            default = prm.default
+            if isinstance(default, Path) and default.is_absolute():
+                default = default.relative_to(ROOT) if default.is_relative_to(ROOT) else default
+            shown = "" if default in (None, [], ()) or callable(default) else f"`{default}`"
+            lines.append(f"| `{label}` | {_cell(getattr(prm, 'help', None) or '')} | {_cell(shown)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+PAGES = {
+    "reference/commands.md": commands_reference,
+    "reference/configuration.md": config_reference,
+    "reference/harness-spec.md": harness_reference,
+    "benchmarks.md": benchmarks_page,
+}
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """mkdocs hook: add the generated pages to the build (in memory)."""
+    from mkdocs.structure.files import File
+
+    for path, make in PAGES.items():
+        files.append(File.generated(config, path, content=make()))
+    return files
+
+
+def main(argv: list[str] | None = None) -> None:
+    out = Path((argv or sys.argv[1:] or ["site-gen"])[0])
+    for path, make in PAGES.items():
+        target = out / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(make())
+        print(target)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Every script under ``benchmarks/`` has a ``--smoke`` mode (tiny sizes, seconds) that runs here,
+in a subprocess as a user would run it, writing its row to a temporary results folder
+(``HARNESSRL_BENCH_RESULTS``) rather than the tracked ``benchmarks/results/``. Each test checks
+the row's figures, not just the exit status, so a benchmark that silently stops measuring what it
+says fails here instead of rotting. The full sizes are measured by running the scripts, not here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.facilities import bwrap_missing, chromium_missing, require
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+#: smokes tested in their own files
+ELSEWHERE = {"sealed_eval": "tests/benchmarks/test_sealed_eval_smoke.py"}
+
+
+@pytest.fixture(autouse=True)
+def _shared_tiny_model(tiny_model_dir, monkeypatch):
+    """The smokes take the suite's tiny model instead of each building one (benchmarks/_results.py)."""
+    monkeypatch.setenv("HARNESSRL_TINY_MODEL", str(tiny_model_dir))
+
+
+def run_smoke(name: str, tmp_path: Path, *args: str) -> dict:
+    env = {**os.environ, "HARNESSRL_BENCH_RESULTS": str(tmp_path), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_VERBOSITY": "error", "HARNESSRL_PROGRESS": "0", "PREFECT_HOME": str(tmp_path / "prefect")}
+    tracked = BENCH / "results" / f"{name}.jsonl"
+    before = tracked.read_bytes() if tracked.exists() else None
+    res = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--smoke", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"{name} --smoke failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+    rows = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+    assert len(rows) == 1, rows
+    row = json.loads(rows[0])
+    # every row says on what code, when and where it was measured
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", row["commit"]), row["commit"]
+    assert row["date"].endswith("+00:00") and row["date"][:2] == "20"
+    assert row["machine"]["cpus"] == os.cpu_count() and row["machine"]["platform"]
+    assert row["smoke"] is True
+    assert (tracked.read_bytes() if tracked.exists() else None) == before  # the tracked rows are untouched
+    return row
+
+
+def test_every_benchmark_script_has_a_smoke_test():
+    scripts = sorted(p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_"))
+    assert scripts
+    tested_here = {n[len("test_"):] for n in globals() if n.startswith("test_") and n != "test_every_benchmark_script_has_a_smoke_test"}
+    for name in scripts:
+        assert '"--smoke"' in (BENCH / f"{name}.py").read_text(), f"benchmarks/{name}.py has no --smoke mode"
+        assert name in tested_here or (ROOT / ELSEWHERE.get(name, "-")).is_file(), f"no smoke test for {name}"
+
+
+def test_artifact_store(tmp_path):
+    row = run_smoke("artifact_store", tmp_path)
+    assert row["rows"] == 2000 and row["repeats"] == 1
+    assert row["machine"]["torch_device"] == "none"  # it never imports torch
+    for k in ("store_write_s", "store_read_s", "bare_write_s", "bare_read_s"):
+        assert row[k] > 0, k
+    # the contracts (schema, expectations, hashing, manifest) cost something over a bare write
+    assert row["write_overhead_ratio"] == pytest.approx(row["store_write_s"] / row["bare_write_s"], rel=0.1)
+    assert row["write_overhead_ratio"] > 1
+    assert row["store_write_rows_per_s"] == pytest.approx(2000 / row["store_write_s"], rel=0.01)
+
+
+def test_sandbox(tmp_path):
+    require("bwrap", bwrap_missing())
+    row = run_smoke("sandbox", tmp_path)
+    assert row["execs"] == 5 and row["episodes"] == 2
+    assert row["bwrap_exec_true_per_s"] > 0 and row["bwrap_exec_python_per_s"] > 0
+    assert 0 < row["bwrap_exec_true_wall_s"] < 5 and row["bwrap_episode_s"] > 0
+    # docker is measured or says why not, never silently missing
+    assert ("docker_exec_true_per_s" in row) != ("docker_unavailable" in row)
+
+
+def test_logodds(tmp_path):
+    row = run_smoke("logodds", tmp_path)
+    assert row["sequences"] == 2 * 2 and row["model"] == "tiny (smoke)"
+    assert row["policy_s"] > 0 and row["reference_s"] > 0
+    assert row["mean_abs_logp_diff"] > 0  # the random LoRA B moves the policy off the reference
+    assert row["machine"]["torch_device"] == "cpu"
+
+
+def test_engines(tmp_path):
+    row = run_smoke("engines", tmp_path)
+    assert row["prompts"] == 2 and row["max_new_tokens"] == 8
+    assert 0 < row["hf_tokens"] <= 2 * 8 and row["hf_tokens_per_s"] > 0
+    assert "vllm_tokens" not in row and "vllm" in row["skipped"]
+
+
+def test_turn_storage(tmp_path):
+    row = run_smoke("turn_storage", tmp_path)
+    assert row["harnesses"] == ["react-python"] and row["engine"] == "hf"
+    assert row["episodes"] > 0 and row["max_turns_in_an_episode"] > 1  # multi-turn, where the layouts differ
+    assert row["v1_rows"] == row["turns"]
+    # v1 stores each turn's whole prompt again, v2 only what the turn adds
+    assert row["prompt_tokens_stored_v1"] > row["prompt_tokens_stored_v2"] > 0
+    assert row["bytes_ratio_v1_over_v2"] == round(row["turns_parquet_bytes_v1"] / row["turns_parquet_bytes_v2"], 2) > 1
+
+
+def test_base_rewards(tmp_path):
+    require("bwrap", bwrap_missing())
+    row = run_smoke("base_rewards", tmp_path)
+    assert row["tasks_loaded"] == {"arithmetic": 2}
+    (cell,) = row["cells"]
+    assert row["harnesses"] == ["direct"] and cell["harness"] == "direct" and "direct" in row["skipped"]
+    assert cell["episodes"] == row["episodes"] == 2  # 2 tasks (train and test split alike) x 1 sample
+    assert cell["mean_turns"] == 1.0 and row["turns"] == 2  # a single-turn harness
+    assert 0.0 <= cell["success_rate"] <= cell["mean_reward"] <= 1.0  # success means reward 1
+    assert cell["infra_errors"] == 0
+
+
+def test_rollout(tmp_path):
+    require("bwrap", bwrap_missing())
+    row = run_smoke("rollout", tmp_path)
+    assert row["harnesses"] == "react-python" and "dask" in row["skipped"] and row["parts"] == "engine,sandbox"
+    assert row["react-python.episodes"] == 2 and row["react-python.turns"] >= 2
+    assert row["react-python.replay_identical"] is True  # the bare engine replays the harness's tokens
+    assert row["react-python.harness_s"] > 0 and row["react-python.engine_s"] > 0
+    assert row["sandbox.bwrap.warm_execs_per_s"] > 0 and row["sandbox.bwrap.cold_execs_per_s"] > 0
+    assert not any(k.startswith("stage.") for k in row) and "sandbox.docker.warm_execs_per_s" not in row
+
+
+def test_miniwob_session(tmp_path):
+    require("chromium", chromium_missing())
+    row = run_smoke("miniwob_session", tmp_path)
+    assert row["envs"] == ["enter-text"] and row["instances_per_env"] == 1
+    assert row["scripted_reward_enter-text"] == 1.0  # the scripted policy solves it through the session API
+    assert row["start_s_median"] > 0 and row["click_s"] > 0 and row["type_s"] > 0
+
+
+def test_train_step(tmp_path):
+    row = run_smoke("train_step", tmp_path)
+    assert row["prompts"] == 4 and row["group"] == 2 and row["max_new_tokens"] == 16
+    assert row["ours_s_per_iter"] > 0 and row["ours_samples_per_s"] == round(8 / row["ours_s_per_iter"], 2)
+    assert len(row["ours_completion_tokens"]) == 1 and 0 < row["ours_completion_tokens"][0] <= 4 * 2 * 16
+    assert "TRL" in row["skipped"] and "trl_s_per_iter" not in row and "losses_agree" not in row
+
+
+def test_online_iteration(tmp_path):
+    row = run_smoke("online_iteration", tmp_path)
+    (arm,) = row["arms"]
+    assert arm["engine"] == "hf" and arm["max_staleness"] == 0 and arm["max_staleness_seen"] == 0
+    assert arm["s_per_iter"] > 0 and arm["samples_per_s"] == pytest.approx(4 * 2 / arm["s_per_iter"], rel=0.01, abs=0.01)
+    assert "vllm" in row["skipped"] and "speedup_vllm_over_hf" not in row
+
+
+def test_task_difficulty(tmp_path):
+    row = run_smoke("task_difficulty", tmp_path)
+    assert row["engine"] == "hf" and len(row["families"]) == 2
+    for f in row["families"]:
+        assert f["problems"] == 4 and f["dataset"] == "basic_arithmetic"
+        # pass_at_1 is the mean reward (partial credit counts), pass_at_k the share of tasks with a reward-1 sample
+        for k in ("pass_at_1", "pass_at_k", "signal_groups", "cut_frac"):
+            assert 0.0 <= f[k] <= 1.0, (k, f)
+        assert 0 < f["mean_tokens"] <= 64  # the direct harness's max_new_tokens
+
+
+def test_learning(tmp_path):
+    row = run_smoke("learning", tmp_path)
+    assert row["config"] == "learn-arith.yaml" and row["budget_s"] == 20.0 and row["attempts"] == 1
+    assert set(row["curves"]) == {"ours"} and "TRL" in row["skipped"] and "speedup" not in row
+    (t0, base), *marks = row["curves"]["ours"]
+    # base, then one point per adapter saved at the 2 wall-clock marks (a slow, shared machine may reach 1)
+    assert t0 == 0.0 and base == row["base_pass_at_1"] and 1 <= len(marks) <= 2
+    times = [t for t, _ in marks]
+    assert times == sorted(times) and times[0] > 0
+    assert all(0.0 <= p <= 1.0 for _, p in row["curves"]["ours"])
+    assert row["ours_iterations"] >= 1 and row["ours_samples_per_s"] > 0

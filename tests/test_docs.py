@@ -1,0 +1,122 @@
+"""The documentation site builds with ``mkdocs build --strict`` (a broken link, a missing page or
+a failing generator fails it), and its generated reference pages follow the code."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gen_docs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    res = subprocess.run([str(mkdocs), "build", "--strict", "-d", str(out)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return out
+
+
+def test_site_builds_with_every_nav_page(site):
+    for page in ("index", "concepts", "analyses", "operations", "scale-out", "benchmarks",
+                 "reference/configuration", "reference/harness-spec", "reference/commands",
+                 "experiments/p1-p4", "experiments/p2-bipa", "experiments/p3-talkmesh", "experiments/p5-kl",
+                 "experiments/p6-gspo"):
+        assert (site / f"{page}.html").is_file(), page
+    # the experiment pages include their config files verbatim (pymdownx.snippets): a phrase of its header
+    assert "builds .venv-vllm" in (site / "experiments/p1-p4.html").read_text()  # only in the config file
+
+
+def test_configuration_reference_covers_every_section_and_key(site):
+    from tasks.config import RunConfig
+
+    html = (site / "reference/configuration.html").read_text()
+    for name in RunConfig.model_fields:
+        assert f"<code>{name}</code>" in html, name
+    for key in ("train.batch_size", "train.kl.estimator", "evaluate.contrasts[].a.checkpoint",
+                "analyze.leakage.permutations", "policy.vllm.lora", "suites[].reward"):
+        assert f"<code>{key}</code>" in html, key
+
+
+def test_config_reference_tracks_the_models():
+    """Every field of every section appears with its default; a new field shows up by itself."""
+    from tasks.config import KLConfig, RunConfig, TrainConfig
+
+    md = gen_docs.config_reference()
+    for name, field in TrainConfig.model_fields.items():
+        assert f"| `train.{name}` |" in md, name
+    assert "| `train.kl.estimator` | 'k1' \\| 'k2' \\| 'k3' | `'k1'` |" in md
+    assert f"| `train.kl.beta` | float | `{KLConfig().beta}` | >= `0.0` |" in md
+    assert "| `name` | str | required |" in md
+    assert md.count("\n## ") == sum(bool(gen_docs._models_in(f.annotation)) for f in RunConfig.model_fields.values()) + 1
+
+
+def test_harness_reference_lists_every_shipped_harness():
+    from tasks.harnesses.spec import load_harness, shipped_harnesses
+
+    md = gen_docs.harness_reference()
+    for name in shipped_harnesses():
+        h = load_harness(name)
+        assert f"| `{name}` | {h.family} | `{h.action_format}` | `{h.loop_type}` |" in md
+    assert "| `mesh.head.steps` |" in md and "| `tools[].timeout_s` |" in md
+
+
+def test_benchmarks_page_shows_the_newest_rows(tmp_path):
+    rows = [{"commit": f"{i:040x}", "date": f"2026-12-0{i + 1}T00:00:00+00:00",
+             "machine": {"platform": "Linux", "cpus": 2, "torch_device": "cpu"}, "smoke": True, "rows_per_s": i}
+            for i in range(gen_docs.ROWS_SHOWN + 2)]
+    (tmp_path / "artifact_store.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = gen_docs.benchmarks_page(tmp_path)
+    assert "## artifact_store" in md and "What the artifact contracts cost" in md
+    line = next(x for x in md.splitlines() if x.startswith("| `rows_per_s` |"))
+    newest_first = list(range(len(rows) - 1, len(rows) - 1 - gen_docs.ROWS_SHOWN, -1))
+    assert line == "| `rows_per_s` | " + " | ".join(map(str, newest_first)) + " |"
+    assert "| `machine.cpus` | " + " | ".join(["2"] * gen_docs.ROWS_SHOWN) + " |" in md
+    assert f"{len(rows)} row(s)" in md
+    # a script without rows still has its section, saying how to add one
+    assert "## rollout\n" in md and "No rows recorded yet: run `.venv/bin/python benchmarks/rollout.py`." in md
+    empty = gen_docs.benchmarks_page(tmp_path / "none")
+    for script in (ROOT / "benchmarks").glob("[!_]*.py"):
+        assert f"## {script.stem}\n" in empty
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_readme_is_short_and_starts_with_the_two_commands():
+    text = _readme()
+    assert len(text.splitlines()) <= 200
+    block = text.split("## First two commands", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.splitlines() == ["./scripts/bootstrap.sh && .venv/bin/harnessrl run",
+                                  "./scripts/bootstrap.sh && .venv/bin/python -m pytest"]
+    assert "METHODS.md" not in text  # not in the repository; the methods are in docs/experiments/
+
+
+def test_readme_layout_matches_the_tree():
+    """Every path the layout names exists, and every tracked top-level entry is named."""
+    layout = _readme().split("## Layout", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+    named_top, parent = set(), None
+    for line in layout.splitlines():
+        # columns are separated by 2+ spaces: name, description[, name, description]
+        cols = re.split(r"\s{2,}", line.strip())
+        if line.startswith("  "):
+            for name in cols[0::2]:
+                assert (ROOT / parent / name).exists(), f"{parent}{name}"
+        else:
+            name = cols[0].split()[0]  # "prefect.yaml Prefect ..." has a single space
+            assert (ROOT / name).exists(), name
+            named_top.add(name.rstrip("/").split("/")[0])
+            parent = name
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    top = {f.split("/")[0] for f in tracked} - {"README.md", ".gitignore"}
+    assert top <= named_top, sorted(top - named_top)
