@@ -37,6 +37,22 @@ def _parse_sets(sets: list[str]) -> dict[str, Any]:
     return out
 
 
+def _config_or_exit(config: Optional[Path], sets: list[str], from_stage: Optional[str], *, quick: bool = False) -> Any:
+    """The run config of ``--config`` with ``--set`` overrides (and ``--quick``), and ``--from``
+    checked against the stages; a bad one is one red line and exit code 2."""
+    from tasks.config import STAGES, ConfigError, load_config
+
+    try:
+        cfg = load_config(_default_config_path(config), _parse_sets(sets), quick=quick)
+    except ConfigError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    if from_stage is not None and from_stage not in STAGES:
+        typer.secho(f"--from {from_stage!r}: not a stage; stages are {', '.join(STAGES)}", fg="red", err=True)
+        raise typer.Exit(2)
+    return cfg
+
+
 def prepare_environment(run_root: Path) -> None:
     """Settings that must exist before Prefect is imported: a Prefect home inside the run root
     (its SQLite DB stays out of the user's home), no telemetry, our loggers in the Prefect logs,
@@ -63,7 +79,6 @@ def run(
                                "version of the experiment)"),
 ) -> None:
     """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached."""
-    from tasks.config import STAGES, ConfigError, load_config
     from tasks.train.distributed import under_torchrun
 
     if under_torchrun():
@@ -71,15 +86,7 @@ def run(
                     "`torchrun ... harnessrl train` (then `harnessrl run` for the rest)", fg="red", err=True)
         raise typer.Exit(2)
 
-    path = _default_config_path(config)
-    try:
-        cfg = load_config(path, _parse_sets(set_), quick=quick)
-    except ConfigError as e:
-        typer.secho(str(e), fg="red", err=True)
-        raise typer.Exit(2)
-    if from_stage is not None and from_stage not in STAGES:
-        typer.secho(f"--from {from_stage!r}: not a stage; stages are {', '.join(STAGES)}", fg="red", err=True)
-        raise typer.Exit(2)
+    cfg = _config_or_exit(config, set_, from_stage, quick=quick)
     remote_root = "://" in cfg.run_root
     default = f"{cfg.name}-{cfg.config_hash()[:10]}"
     rd_s = run_dir or (f"{cfg.run_root.rstrip('/')}/{default}" if remote_root else str(Path(cfg.run_root) / default))
@@ -114,22 +121,13 @@ def train_cmd(
     train.distributed.world_size N (times the hosts). Rank 0 runs freeze, rollout and train (cached
     as in `harnessrl run`); the other ranks join each training call. Then `harnessrl run` with the
     same config and run folder evaluates and analyzes."""
-    from tasks.config import STAGES, ConfigError, load_config
     from tasks.train import distributed as D
 
     if not D.under_torchrun():
         typer.secho("harnessrl train runs under torchrun (RANK / WORLD_SIZE unset); in one process use harnessrl run",
                     fg="red", err=True)
         raise typer.Exit(2)
-    path = _default_config_path(config)
-    try:
-        cfg = load_config(path, _parse_sets(set_))
-    except ConfigError as e:
-        typer.secho(str(e), fg="red", err=True)
-        raise typer.Exit(2)
-    if from_stage is not None and from_stage not in STAGES:
-        typer.secho(f"--from {from_stage!r}: not a stage; stages are {', '.join(STAGES)}", fg="red", err=True)
-        raise typer.Exit(2)
+    cfg = _config_or_exit(config, set_, from_stage)
     backend = cfg.train.distributed.backend if cfg.train.distributed is not None else "gloo"
     if int(os.environ["RANK"]) != 0:
         _quiet_libraries()

@@ -121,13 +121,8 @@ def check_signatures(store: "ArtifactStore", plan_hash: str, head: str, expected
             not the expected one; a signature does not verify, or signs another hash (the message
             names the file).
     """
-    if not store.exists(PUBLIC_KEY):
-        raise SealError(f"{PUBLIC_KEY}: missing (a signed run carries its public key)")
-    pem = store.read_bytes(PUBLIC_KEY)
-    try:
-        fp = fingerprint(pem)
-    except ValueError as e:
-        raise SealError(f"{PUBLIC_KEY}: {e}") from None
+    pem = _run_public_key(store)
+    fp = _fingerprint_of(pem)
     if expected_pem is not None:
         want = fingerprint(expected_pem)
         if fp != want:
@@ -136,6 +131,21 @@ def check_signatures(store: "ArtifactStore", plan_hash: str, head: str, expected
     for which, value in ((PLAN_SIG, plan_hash), (HEAD_SIG, head)):
         check_signature(store, which, value, pem)
     return fp
+
+
+def _run_public_key(store: "ArtifactStore") -> bytes:
+    """The run's ``evaluate/signing.pub`` (PEM). Raises SealError when it is missing."""
+    if not store.exists(PUBLIC_KEY):
+        raise SealError(f"{PUBLIC_KEY}: missing (a signed run carries its public key)")
+    return store.read_bytes(PUBLIC_KEY)
+
+
+def _fingerprint_of(pem: bytes) -> str:
+    """:func:`fingerprint` with a malformed key reported as a SealError naming the file."""
+    try:
+        return fingerprint(pem)
+    except ValueError as e:
+        raise SealError(f"{PUBLIC_KEY}: {e}") from None
 
 
 def check_signature(store: "ArtifactStore", which: str, value: str, pem: bytes | None = None) -> None:
@@ -150,13 +160,8 @@ def check_signature(store: "ArtifactStore", which: str, value: str, pem: bytes |
     from cryptography.hazmat.primitives import serialization
 
     if pem is None:
-        if not store.exists(PUBLIC_KEY):
-            raise SealError(f"{PUBLIC_KEY}: missing (a signed run carries its public key)")
-        pem = store.read_bytes(PUBLIC_KEY)
-    try:
-        fp = fingerprint(pem)
-    except ValueError as e:
-        raise SealError(f"{PUBLIC_KEY}: {e}") from None
+        pem = _run_public_key(store)
+    fp = _fingerprint_of(pem)
     pub = serialization.load_pem_public_key(pem)
     if not store.exists(which):
         raise SealError(f"{which}: missing (the run signs it)")
