@@ -844,15 +844,18 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None,
     if not p.is_file():
         raise ConfigError(f"{p}: config file does not exist")
     data = load_mapping(p, ConfigError)
+    sources: dict[str, str] = {}  # dotted key -> where its value came from, for the error messages
     if quick:
         q = data.get("quick")
         if not isinstance(q, dict) or not q:
             raise ConfigError(f"{p}: --quick needs a 'quick' section (dotted keys -> values), got {q!r}")
         for dotted, value in q.items():
             _apply_override(data, str(dotted), value, f"{p} (quick)")
+            sources[str(dotted)] = f"{p} (quick)"
     for dotted, value in (overrides or {}).items():
-        _apply_override(data, dotted, value, str(p))
+        _apply_override(data, dotted, value, "--set")
+        sources[dotted] = "--set"
     try:
         return (model or RunConfig).model_validate(data)
     except ValidationError as e:
-        raise ConfigError(describe(p, e)) from None
+        raise ConfigError(describe(p, e, sources)) from None

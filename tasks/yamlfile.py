@@ -27,11 +27,16 @@ def load_mapping(path: Path, error: type[Exception]) -> dict[str, Any]:
     return data
 
 
-def describe(path: Path, exc: ValidationError) -> str:
-    """One line per validation error: ``FILE: key 'a.b' = VALUE: message``."""
+def describe(path: Path, exc: ValidationError, sources: dict[str, str] | None = None) -> str:
+    """One line per validation error: ``SOURCE: key 'a.b' = VALUE: message``. SOURCE is ``path``,
+    or ``sources[k]`` for the longest dotted key ``k`` of ``sources`` that the error's key equals
+    or lies under (e.g. ``"--set"`` for a value given on the command line)."""
     lines = []
+    base_path = path
     for err in exc.errors():
         key = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        owner = max((k for k in (sources or {}) if key == k or key.startswith(k + ".")), key=len, default=None)
+        path = sources[owner] if owner is not None and sources else base_path
         value = err.get("input")
         if err["type"] == "missing":
             lines.append(f"{path}: key {key!r} is missing (required)")

@@ -65,7 +65,8 @@ CASES = [
      ["evaluate.harnesses names 'no-such-harness'", "shipped harnesses"]),
     ("miniwob-params", "name: x\nsuites: [{source: miniwob, name: basic, size: 2, params: {a: 1}}]\n"
      "harnesses: [direct]\n", {}, ["suites[].params={'a': 1}", "takes no params"]),
-    ("override-wrong-type", OK, {"train.epochs": "many"}, ["'train.epochs'", "'many'"]),
+    ("override-wrong-type", OK, {"train.epochs": "many"}, ["--set: key 'train.epochs'", "'many'"]),
+    ("override-typo-names-set", OK, {"train.stepz": 3}, ["--set: key 'train.stepz' = 3", "Extra inputs"]),
     ("override-into-scalar", OK, {"name.first": 1}, ["override name.first=1", "key 'name' is 'x', not a mapping"]),
 ]
 
@@ -87,10 +88,11 @@ def test_load_config_names_file_key_and_value(tmp_path, text, overrides, needles
     with pytest.raises(ConfigError) as e:
         load_config(p, overrides)
     msg = str(e.value)
-    assert msg.startswith(f"{p}: "), msg
+    source = "--set" if overrides else str(p)  # a bad --set value is blamed on --set, not on the file
+    assert msg.startswith(f"{source}: "), msg
     for n in needles:
         assert n in msg, (n, msg)
-    assert msg.count(f"{p}:") == 1, f"expected one message, got: {msg}"
+    assert msg.count(f"{source}:") == 1, f"expected one message, got: {msg}"
 
 
 @pytest.mark.parametrize("text,overrides,needles", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
