@@ -155,6 +155,11 @@ def train_cmd(
 
 def _quiet_libraries() -> None:
     import logging
+    import warnings
+
+    # peft 0.21 reads `model.is_gradient_checkpointing` when it wraps a model (peft_model.py), which
+    # transformers 5 deprecates in favour of `is_activation_checkpointing`: their cause, not ours.
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
     try:
         import transformers
