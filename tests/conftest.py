@@ -34,3 +34,12 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
 
     with prefect_test_harness(server_startup_timeout=120):  # 30 s is not enough on 2 busy cores
         yield
+        # The harness drains Prefect's log and event services with no timeout. At the end of the
+        # whole suite (several Prefect servers in this process) a service whose event loop is gone
+        # blocked that drain forever. Drain them first with a bound: each instance is stopped and
+        # removed at once, so the harness's own drain finds none left to wait for.
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        for service in (APILogWorker, EventsWorker):
+            service.drain_all(timeout=60)
