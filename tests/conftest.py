@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,22 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
 
         for service in (APILogWorker, EventsWorker):
             service.drain_all(timeout=60)
+
+_EXIT_STATUS: dict[str, int] = {}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS["status"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave with pytest's exit status without running the interpreter's exit handlers. Prefect
+    registers, per log or event service it started, an unbounded drain at interpreter exit; in
+    this process (several Prefect servers one after another) one of them waited forever for an
+    event loop that was gone, after every test had run and the summary was printed (seen in a
+    fresh-clone .ci/run). Every report is written by now."""
+    if "status" in _EXIT_STATUS:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS["status"])
