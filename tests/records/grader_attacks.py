@@ -268,20 +268,14 @@ def run_miniwob(attempts: tuple[Attempt, ...], backend: str) -> list[str]:
 def plant(sb: Any, attempt: Attempt, tests: dict[str, str], keep: set[str] = frozenset()) -> None:
     """Leave ``attempt``'s files and run its commands in ``sb``, as the agent (uid 65534, cwd /app).
     ``keep``: the answer's own files (never overwritten: the attempt comes on top of the answer)."""
-    from pathlib import PurePosixPath
+    from tests.records.tb_helpers import write_files
 
     minor = sys.version_info.minor
     files = dict(attempt.files)
     if attempt.per_test_file:
         for src, text in tests.items():
             files.update(attempt.per_test_file(src, text))
-    files = {k.format(minor=minor): v for k, v in files.items() if k not in keep}
-    dirs = sorted({str(PurePosixPath(p).parent) for p in files} - {"."})
-    if dirs:
-        r = sb.exec(["mkdir", "-p", "--", *dirs])
-        assert r.status == "ok", r
-    for path, text in files.items():
-        sb.write_file(path, text)
+    write_files(sb, {k.format(minor=minor): v for k, v in files.items() if k not in keep})
     for cmd in attempt.cmds:
         r = sb.exec(["sh", "-c", cmd.format(test_srcs=" ".join(sorted(tests)) or "none")])
         assert r.status == "ok", (attempt.name, r)

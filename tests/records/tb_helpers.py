@@ -28,13 +28,7 @@ def new_sandbox(workspace: dict[str, Any] | None = None, **cfg: Any):
 
     sb = make_sandbox(SandboxConfig(**{"wall_s": 30.0, "cpu_s": 30, **cfg}))
     ws = workspace or {}
-    files = ws.get("files", {})
-    dirs = sorted({str(PurePosixPath(p).parent) for p in files} - {"."})
-    if dirs:
-        r = sb.exec(["mkdir", "-p", "--", *dirs])
-        assert r.status == "ok", r
-    for path, text in files.items():
-        sb.write_file(path, text)
+    write_files(sb, ws.get("files", {}))
     for cmd in ws.get("setup", []):
         r = sb.exec(["sh", "-c", cmd])
         assert r.status == "ok", r
@@ -51,3 +45,13 @@ class Ctx:
 
     def sandbox(self) -> Any:
         return self._sb
+
+
+def write_files(sb, files: dict) -> None:
+    """Write ``files`` (sandbox-relative path -> text) into the sandbox, making their folders."""
+    dirs = sorted({str(PurePosixPath(p).parent) for p in files} - {"."})
+    if dirs:
+        r = sb.exec(["mkdir", "-p", "--", *dirs])
+        assert r.status == "ok", r
+    for path, text in files.items():
+        sb.write_file(path, text)
