@@ -9,7 +9,10 @@ own; the first iteration of each is a warm-up and is not timed.
 
 Also: the two losses on one identical batch (same weights, same tokens, same advantages, old
 log-probs = current) for token-mean and sequence-mean aggregation; they must agree.
-With ``--smollm2``: seconds per iteration and peak RSS of our trainer on SmolLM2-135M in bf16.
+With ``--smollm2``: seconds per iteration and peak RSS of our trainer on SmolLM2-135M in bf16, at
+the trainer's default micro-batch (``train.micro_batch_size``, 8 sequences; ``--smollm2-micro``).
+Peak memory is set by the micro-batch: the output projection's ``[positions, vocabulary]`` logits
+(49,152 columns for SmolLM2) and the activations kept for the backward pass grow with it.
 
 TRL is installed only for this benchmark, in ``.venv-bench`` layered over ``.venv``::
 
@@ -207,6 +210,8 @@ def main() -> None:
     ap.add_argument("--autocast", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--smollm2", action="store_true", help="also time our trainer on SmolLM2-135M (bf16)")
     ap.add_argument("--micro", type=int, default=32, help="our trainer's micro-batch size (sequences per forward)")
+    ap.add_argument("--smollm2-micro", type=int, default=8,
+                    help="our trainer's micro-batch size on SmolLM2 (default: the config default, 8)")
     ap.add_argument("--smoke", action="store_true", help="ours only, 2-layer tiny model, 4 prompts x 2 x 16 tokens")
     a = ap.parse_args()
     global N_PROMPTS, GROUP, MAX_NEW
@@ -249,9 +254,10 @@ def main() -> None:
         row["loss_same_batch"] = loss
         row["losses_agree"] = all(abs(v["trl"] - v["ours"]) <= 1e-5 * (1 + abs(v["trl"])) for v in loss.values())
     if a.smollm2:
-        sm = run_side("ours", str(resolve_model("smollm2-135m-instruct")), 2, "bfloat16")
+        sm = run_side("ours", str(resolve_model("smollm2-135m-instruct")), 2, "bfloat16", micro=a.smollm2_micro)
         row["smollm2_bf16_s_per_iter"] = round(sm["seconds"][1], 2)
         row["smollm2_bf16_peak_rss_mb"] = round(sm["peak_rss_mb"])
+        row["smollm2_micro_batch_size"] = a.smollm2_micro
     report("train_step", row)
 
 
