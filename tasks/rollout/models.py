@@ -105,7 +105,32 @@ def load_model_and_tokenizer(path: Path, device: str = "cpu", dtype: str = "floa
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
     model.eval()
+    contiguous_output_head(model)
     return model, tok
+
+
+def contiguous_output_head(model: Any) -> Any:
+    """Make the input of ``model``'s output projection (hidden -> vocabulary) contiguous, with a
+    forward pre-hook, and return ``model``.
+
+    Why: generation's first forward keeps the last position only (``logits_to_keep=1``), a
+    ``[B, 1, H]`` view with a non-contiguous batch stride. When the projection's weight does not
+    require grad (a frozen base model, a peft model, a merged copy), ``torch.matmul`` does not fold
+    that view into one ``[B, H] x [H, V]`` product but runs a batched product over the weight
+    expanded and copied B times (pytorch/pytorch#186148, #166891): 7 GB for B = 128 and
+    SmolLM2's 49,152 x 576 head in bf16. The copy of a ``[B, 1, H]`` input is B x H elements.
+    Idempotent (the hook is registered once per module).
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or getattr(head, "_harnessrl_contiguous_input", False):
+        return model
+
+    def _contiguous(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(a.contiguous() if hasattr(a, "is_contiguous") and not a.is_contiguous() else a for a in args)
+
+    head.register_forward_pre_hook(_contiguous)
+    head._harnessrl_contiguous_input = True
+    return model
 
 
 TINY_CHAT_TEMPLATE = (

@@ -41,7 +41,7 @@ class HFPolicy:
     def __init__(self, model_dir: Path, cfg: PolicyConfig, *, base_model_id: str, adapter_dir: Path | None = None):
         import torch
 
-        from tasks.rollout.models import load_model_and_tokenizer
+        from tasks.rollout.models import contiguous_output_head, load_model_and_tokenizer
 
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
@@ -52,6 +52,7 @@ class HFPolicy:
             from peft import PeftModel
 
             self.model = PeftModel.from_pretrained(self.model, adapter_dir).eval()
+            contiguous_output_head(self.model)  # the frozen base weights: see the function
             self.adapter_sha256 = sha256_dir(adapter_dir)
         self.base_model_id = base_model_id
         self.policy_id = f"{base_model_id}+{self.adapter_sha256[:12]}" if self.adapter_sha256 else base_model_id
@@ -64,8 +65,10 @@ class HFPolicy:
     def from_model(cls, model: Any, tokenizer: Any, cfg: PolicyConfig, *, policy_id: str) -> "HFPolicy":
         """Wrap a model already in memory (a merged copy of the trainer's policy, for online
         rollouts). Generation runs in eval mode and puts the model back in its previous mode."""
+        from tasks.rollout.models import contiguous_output_head
+
         self = cls.__new__(cls)
-        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        self.cfg, self.model, self.tokenizer = cfg, contiguous_output_head(model), tokenizer
         self.adapter_sha256, self.base_model_id, self.policy_id = "", policy_id, policy_id
         self.eos_id, self.pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
         self.max_model_len = getattr(model.config, "max_position_embeddings", None)
