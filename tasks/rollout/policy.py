@@ -86,7 +86,9 @@ class HFPolicy:
 
     def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
         import torch
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, LogitsProcessorList
+        from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                            TopPLogitsWarper)
 
         device = self.cfg.device
         width = max(len(p) for p in prompts)
@@ -95,11 +97,23 @@ class HFPolicy:
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attn[i, width - len(p):] = 1
+        # the sampler's processing is ours (the transformers warpers, in transformers' order), with
+        # a recorder last: generate itself applies none, and no [T, B, V] stack of scores is kept
+        warpers = LogitsProcessorList()
+        if sampling.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_k:
+            warpers.append(TopKLogitsWarper(sampling.top_k))
+        if sampling.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(sampling.top_p))
+        recorder = _LogprobRecorder()
+        warpers.append(recorder)
         gen_cfg = GenerationConfig(
-            # top_k=0 / top_p=1.0 switch the warpers off (None would mean transformers' default top_k=50)
-            do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            # top_k=0 / top_p=1.0 / temperature=1.0 switch transformers' own warpers off (the ones
+            # above do the processing); None would mean transformers' default top_k=50
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
             min_p=None, typical_p=1.0, repetition_penalty=1.0, max_new_tokens=sampling.max_new_tokens,
-            eos_token_id=self.eos_id, pad_token_id=self.pad_id, return_dict_in_generate=True, output_scores=True,
+            eos_token_id=self.eos_id, pad_token_id=self.pad_id, return_dict_in_generate=True,
         )
         torch.manual_seed(seed)
         was_training = self.model.training
@@ -107,16 +121,11 @@ class HFPolicy:
         try:
             with torch.inference_mode():
                 res = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                          generation_config=gen_cfg)
+                                          generation_config=gen_cfg, logits_processor=warpers)
         finally:
             self.model.train(was_training)
         seqs = res.sequences[:, width:].cpu()
-        # scores[t]: [B, V] processed logits the token at step t was drawn from; one step at a time,
-        # so no [B, T, V] copy is ever made (49k-token vocabularies make that gigabytes)
-        logp_all = torch.stack([
-            torch.log_softmax(sc.float(), dim=-1).gather(-1, seqs[:, t:t + 1].to(sc.device)).squeeze(-1).cpu()
-            for t, sc in enumerate(res.scores)
-        ], dim=1)  # [B, T]
+        logp_all = recorder.logprobs(seqs)  # [B, T]
         del res
         gens = []
         for i in range(len(prompts)):
@@ -124,6 +133,39 @@ class HFPolicy:
             gens.append(Generation(token_ids=toks, logprobs=lps, finish_reason=finish,
                                    text=self.tokenizer.decode(toks, skip_special_tokens=True)))
         return gens
+
+
+class _LogprobRecorder:
+    """A logits processor, last in the list, that keeps the log-probability of each sampled token
+    under the processed distribution it was drawn from, holding one ``[B, V]`` step at a time
+    (``output_scores`` would keep all ``T`` steps: 1.6 GB for 128 x 64 tokens of a 49,152-token
+    vocabulary). The token drawn at step t is read at step t + 1 (the last column of
+    ``input_ids``); the last step's in :meth:`logprobs`."""
+
+    def __init__(self) -> None:
+        self.prev: Any = None  # [B, V] float32 log-softmax of the last step's processed scores
+        self.cols: list[Any] = []  # per step, [B] float32 log-probs of the drawn tokens
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        if self.prev is not None:
+            self.cols.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1).cpu())
+        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def logprobs(self, generated: Any) -> Any:
+        """``[B, T]`` float32 log-probs of ``generated`` (``[B, T]``, the new tokens); steps the
+        sampler ran past the end (undone by ``generate``) are dropped."""
+        import torch
+
+        t = generated.shape[1]
+        cols = self.cols[:t]
+        if len(cols) < t and self.prev is not None:
+            cols.append(self.prev.gather(-1, generated[:, len(cols):len(cols) + 1].to(self.prev.device))
+                        .squeeze(-1).cpu())
+        self.prev = None
+        return torch.stack(cols, dim=1) if cols else torch.zeros((generated.shape[0], 0))
 
 
 def trim_completion(tokens: list[int], logprobs: list[float], eos_id: int) -> tuple[list[int], list[float], str]:
