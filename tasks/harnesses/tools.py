@@ -21,7 +21,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
 
-from tasks.rollout.sandbox.base import SandboxPathError
+from tasks.rollout.sandbox.errors import SandboxPathError
 
 Needs = Literal["sandbox", "browser", "none"]
 

@@ -36,11 +36,14 @@ from tasks.harnesses.tools import IMPLS, ToolOutput
 from tasks.hashing import canonical_json, seed_from, sha256_text
 from tasks.records.verifiers import VerifierError, grade
 from tasks.rollout.browser import BrowserError
+from tasks.rollout.loop_plugins import ENTRY_POINT_GROUP
 from tasks.rollout.policy import ChatFormat, Generation
 from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
-from tasks.rollout.sandbox.base import SandboxPathError
+from tasks.rollout.sandbox.errors import SandboxPathError
 from tasks.rollout.turns import first_turn, next_turn
 
+# the loop types this engine runs; any other (talkmesh) is run by a plugin (tasks.rollout.loop_plugins)
+ENGINE_LOOP_TYPES = ("single_turn", "react", "codeact", "reflect_on_test_failure")
 
 log = logging.getLogger("harnessrl.harness")
 
@@ -338,11 +341,13 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
     Raises:
         ValueError: a turn's prompt does not extend the previous turn's prompt + completion
             exactly (token accounting drift); the episode would be unusable for training; a
-            ``talkmesh`` spec (run by :mod:`tasks.talkmesh.episodes`, not here).
+            spec of a loop type the engine does not run (``talkmesh``: a plugin runs it,
+            :mod:`tasks.rollout.loop_plugins`).
     """
-    if spec.loop_type == "talkmesh":
-        raise ValueError(f"harness {spec.name!r}: loop_type talkmesh is not run by the harness engine; its episodes "
-                         "are mesh runs (tasks.talkmesh.episodes.run_mesh_records, via tasks.rollout.stage.run_records)")
+    if spec.loop_type not in ENGINE_LOOP_TYPES:
+        raise ValueError(f"harness {spec.name!r}: loop_type {spec.loop_type} is not run by the harness engine but by a "
+                         f"plugin (entry-point group {ENTRY_POINT_GROUP!r}, via tasks.rollout.stage.run_records); none is "
+                         "installed for it here: reinstall the package (pip install -e .) so its entry points are found")
     tok = policy.tokenizer
     chat = ChatFormat(tok)
     extra = {spec.skill_path: spec.skill} if spec.skill and spec.skill_placement == "file" else None

@@ -14,11 +14,13 @@ import abc
 import base64
 import json
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from tasks.config import SandboxConfig
+from tasks.rollout.sandbox.errors import SandboxError, SandboxPathError
 
 ExecStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "disk_limit", "output_limit", "killed"]
 """How an exec ended; the exact rules are in ``server.py``'s module docstring:
@@ -46,16 +48,6 @@ _KILL_NOTES = {
     "disk_limit": "[failed: disk limit]",
     "output_limit": "[killed: output limit]",
 }
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (could not start, missing backend, its exec server stopped
-    answering): an infrastructure error, never the result of a command."""
-
-
-class SandboxPathError(ValueError):
-    """A ``write_file``/``read_file`` path the sandbox refuses: absolute, with ``..``, through a
-    symlink, not a regular file, or larger than the read limit. The message names the path."""
 
 
 @dataclass(frozen=True)
@@ -246,19 +238,8 @@ def _check_rel(path: str) -> None:
         raise SandboxPathError(f"path {path!r} escapes the sandbox work dir {SANDBOX_WORKDIR}")
 
 
-def make_sandbox(cfg: SandboxConfig) -> Sandbox:
-    """A fresh, started sandbox of the configured backend (``cfg.backend``).
-
-    Raises:
-        SandboxError: the backend is not installed or cannot start here (the message says what
-            is missing: the bwrap binary, the docker daemon, the sandbox image).
-    """
-    if cfg.backend == "bwrap":
-        from tasks.rollout.sandbox.bwrap import BwrapSandbox
-
-        return BwrapSandbox(cfg)
-    if cfg.backend == "docker":
-        from tasks.rollout.sandbox.docker_backend import DockerSandbox
-
-        return DockerSandbox(cfg)
-    raise SandboxError(f"sandbox.backend={cfg.backend!r} is not available")
+def sandbox_site() -> Path | None:
+    """The folder of Python packages (pytest) the bootstrap installs for the sandbox's Python,
+    ``<venv>/sandbox-site``, or None when it is missing."""
+    p = Path(sys.prefix) / "sandbox-site"
+    return p if p.is_dir() else None

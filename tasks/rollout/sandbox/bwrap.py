@@ -23,10 +23,8 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 from tasks.config import SandboxConfig
 from tasks.rollout.sandbox.base import (
@@ -37,16 +35,10 @@ from tasks.rollout.sandbox.base import (
     SandboxError,
     ServerSandbox,
     server_config,
+    sandbox_site,
 )
 
 __all__ = ["BwrapSandbox", "sandbox_site", "SANDBOX_SITE", "SANDBOX_WORKDIR"]
-
-
-def sandbox_site() -> Path | None:
-    """The folder of Python packages (pytest) the bootstrap installs for the sandbox's Python,
-    ``<venv>/sandbox-site``, or None when it is missing."""
-    p = Path(sys.prefix) / "sandbox-site"
-    return p if p.is_dir() else None
 
 
 def _bwrap() -> str:

@@ -1,0 +1,35 @@
+"""What every config section shares: the strict model base, the error type, the stage names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+
+
+
+STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
+# Fields that say how a stage runs, never what it writes: left out of section hashes (cache keys).
+EXECUTION_ONLY = {"rollout": {"task_runner", "workers", "dask_address", "ray_address"}, "train": {"distributed"}}
+# Optional top-level sections left out of section hashes when absent, so adding one to a stage's
+# sections keeps the cache keys of configs without it.
+OPTIONAL_SECTIONS = {"arms", "sweep", "quick"}
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file, the key and the value."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``over``, recursing where both values are mappings (a new dict; the
+    inputs are not changed). Any other value in ``over`` (list, scalar, None) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

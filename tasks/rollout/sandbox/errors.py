@@ -1,0 +1,16 @@
+"""The sandbox's exceptions, in a module of their own: the harness tools and the episode loop
+raise and catch them without importing a backend or the configuration."""
+
+from __future__ import annotations
+
+__all__ = ["SandboxError", "SandboxPathError"]
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (could not start, missing backend, its exec server stopped
+    answering): an infrastructure error, never the result of a command."""
+
+
+class SandboxPathError(ValueError):
+    """A ``write_file``/``read_file`` path the sandbox refuses: absolute, with ``..``, through a
+    symlink, not a regular file, or larger than the read limit. The message names the path."""
