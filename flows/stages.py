@@ -13,6 +13,7 @@ from tasks.analysis.stage import run_analyze
 from tasks.config import RunConfig
 from tasks.evaluate.stage import run_evaluate
 from tasks.records.stage import run_freeze
+from tasks.rollout.loop_plugins import state_artifacts
 from tasks.rollout.stage import run_rollout
 from tasks.train.stage import run_train
 
@@ -72,8 +73,8 @@ def evaluate_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], 
     inputs = {**frozen, "episodes": rollouts["episodes"], "checkpoints": trained["checkpoints"]}
     if "online_episodes" in trained:  # online training's own rollouts: the leakage guard checks them too
         inputs["online_episodes"] = trained["online_episodes"]
-    if "talkmesh_head" in rollouts:  # talkmesh harnesses: the confidence head, sealed into the plan
-        inputs["talkmesh_head"] = rollouts["talkmesh_head"]
+    # plugged-in loop types' fitted states (talkmesh: the confidence head), sealed into the plan
+    inputs.update({k: v for k, v in rollouts.items() if k in state_artifacts()})
     return _timed("evaluate", evaluate_task, run_dir, cfg, inputs, force)
 
 
@@ -86,8 +87,8 @@ def analyze_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], r
     inputs = {"tasks": frozen["tasks"], "harnesses": frozen["harnesses"], "episodes": rollouts["episodes"],
               "turns": rollouts["turns"], "train_steps": trained["train_steps"],
               "checkpoints": trained["checkpoints"], **evaluated}
-    if "talkmesh_head" in rollouts:  # the TalkMesh section of the report
-        inputs["talkmesh_head"] = rollouts["talkmesh_head"]
+    # plugged-in loop types' fitted states (talkmesh: its section of the report)
+    inputs.update({k: v for k, v in rollouts.items() if k in state_artifacts()})
     return _timed("analyze", analyze_task, run_dir, cfg, inputs, force)
 
 

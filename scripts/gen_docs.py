@@ -124,7 +124,7 @@ def config_reference() -> str:
     return "\n".join([
         "# Configuration reference",
         "",
-        "Generated from the pydantic models in `tasks/config.py` (`scripts/gen_docs.py`, run by mkdocs "
+        "Generated from the pydantic models in `tasks/config/` (`scripts/gen_docs.py`, run by mkdocs "
         "on every build). A config file is YAML validated by `RunConfig`; unknown keys are refused. "
         "Override any key on the command line with `--set section.key=value` (YAML value syntax). "
         "Every config under `configs/` starts with a comment describing its experiment; "

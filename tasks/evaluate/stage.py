@@ -30,6 +30,7 @@ from tasks.evaluate.prereg import PREREG, PREREG_SIG, default_contrasts, differe
 from tasks.evaluate.signing import HEAD_SIG, PLAN_SIG, PUBLIC_KEY, load_or_create_key, sign
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
+from tasks.rollout.loop_plugins import plugin_of, state_artifacts
 from tasks.rollout.stage import harness_specs, iter_records
 from tasks.train.stage import LeakageError
 
@@ -100,9 +101,10 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
         "policy": cfg.policy.model_dump(mode="json"),
         "sandbox": cfg.sandbox.model_dump(mode="json"),
         "inputs": {k: v.sha256 for k, v in sorted(inputs.items())},
-        # talkmesh harnesses score their agents with the rollout stage's head: sealed with its file
-        **({"talkmesh_head": {"path": inputs["talkmesh_head"].path, "sha256": inputs["talkmesh_head"].sha256}}
-           if "talkmesh_head" in inputs else {}),
+        # harnesses of a plugged-in loop type run with the rollout stage's fitted state (talkmesh:
+        # the confidence head that scores its agents): sealed with its file
+        **({"loop_states": states} if (states := {name: {"path": inputs[name].path, "sha256": inputs[name].sha256}
+                                                   for name in state_artifacts() if name in inputs}) else {}),
     }
 
 
@@ -157,8 +159,8 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     Args:
         episode_runner: a function with :func:`tasks.rollout.stage.iter_records`'s signature,
             yielding ``(episodes, turns)`` chunks as it does (default: that function). The
-            bookkeeping benchmark passes a scripted one. With a talkmesh harness it is also given
-            ``mesh_heads`` (from ``inputs["talkmesh_head"]``).
+            bookkeeping benchmark passes a scripted one. With harnesses of a plugged-in loop type
+            it is also given ``loop_states`` (from their ``state_artifact`` inputs).
         timings: if given, filled with the seconds spent in each phase (``guard``, ``plan``,
             ``attempts`` (running them and writing their turns), ``seal``, ``write``, ``stats``,
             ``exports``).
@@ -210,13 +212,15 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     specs = harness_specs(store, inputs["harnesses"])
     plan_recs = [rec_by_id[p["record_id"]] for p in plan["records"]]
     mesh_kw: dict[str, Any] = {}
-    if any(specs[r["harness_id"]].loop_type == "talkmesh" for r in plan_recs):
-        from tasks.talkmesh.episodes import heads_from_rows
-
-        if "talkmesh_head" not in inputs:
-            raise ValueError("evaluate: a talkmesh harness is evaluated but the inputs have no talkmesh_head (the "
-                             "rollout stage's confidence head)")
-        mesh_kw["mesh_heads"] = heads_from_rows(store.rows(inputs["talkmesh_head"], contract="talkmesh_head"))
+    loops = {p.loop_type: p for p in (plugin_of(specs[r["harness_id"]]) for r in plan_recs) if p is not None}
+    for plugin in (loops[k] for k in sorted(loops)):
+        name = plugin.state_artifact
+        if name is None:
+            continue
+        if name not in inputs:
+            raise ValueError(f"evaluate: a {plugin.loop_type} harness is evaluated but the inputs have no {name} (the "
+                             "rollout stage's fitted state)")
+        mesh_kw.setdefault("loop_states", {}).update(plugin.states(store.rows(inputs[name], contract=name)))
     rows: list[dict[str, Any]] = []
     retries: list[dict[str, Any]] = []
     turn_episodes: set[str] = set()

@@ -118,7 +118,7 @@ def _verify_exports(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[
 
 def verify_run(store: ArtifactStore, public_key: bytes | None = None) -> VerifyReport:
     """Recompute the sealed evaluation of a run from its files: the plan hash, the checkpoint
-    files, the talkmesh confidence head (when the plan names one), the hash chain, the Ed25519
+    files, the loop-type states (the talkmesh confidence head) the plan names, the hash chain, the Ed25519
     signatures over the plan hash and the chain head (:func:`tasks.evaluate.signing.check_signatures`;
     ``public_key``: the expected public key, PEM, which the run's must equal; None: the run's own),
     the statistics tables and the exports (see the module docstring); the Inspect logs are checked
@@ -139,12 +139,16 @@ def verify_run(store: ArtifactStore, public_key: bytes | None = None) -> VerifyR
     report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
     fp = check_signatures(store, report.plan_hash, report.head, public_key)
     check_preregistration(store, plan)
-    if "talkmesh_head" in plan:  # the confidence head the talkmesh attempts were scored with
-        head = plan["talkmesh_head"]
-        now = hashlib.sha256(store.read_bytes(head["path"])).hexdigest()
-        if now != head["sha256"]:
-            raise SealError(f"{head['path']}: SHA-256 {now[:16]}... != planned {head['sha256'][:16]}... (the talkmesh "
-                            "confidence head changed after the evaluation was sealed)")
+    # the fitted states a plugged-in loop type's attempts ran with (talkmesh: the confidence head
+    # that scored its agents); plans sealed before "loop_states" name the talkmesh head at top level
+    states = dict(plan.get("loop_states") or {})
+    if "talkmesh_head" in plan:
+        states["talkmesh_head"] = plan["talkmesh_head"]
+    for name, state in sorted(states.items()):
+        now = hashlib.sha256(store.read_bytes(state["path"])).hexdigest()
+        if now != state["sha256"]:
+            raise SealError(f"{state['path']}: SHA-256 {now[:16]}... != planned {state['sha256'][:16]}... (the {name} "
+                            "the attempts ran with changed after the evaluation was sealed)")
     _verify_stats(store, plan, rows)
     _verify_exports(store, plan, rows)
     try:

@@ -63,7 +63,7 @@ class ShardError(RuntimeError):
 @dataclass(frozen=True)
 class PolicySource:
     """How to load a policy in any process: the run config (its ``policy`` section is what
-    :func:`tasks.rollout.stage.load_policy` reads) and an optional adapter folder.
+    :func:`tasks.rollout.engines.load_policy` reads) and an optional adapter folder.
 
     ``adapter_sha256`` is the SHA-256 of the adapter folder (:func:`tasks.hashing.sha256_dir`),
     taken when the source is made, so a worker that finds other files under the same path fails
@@ -92,12 +92,12 @@ class PolicySource:
                             "adapter_sha256": self.adapter_sha256})
 
     def load(self) -> Any:
-        """Load the policy (``tasks.rollout.stage.load_policy``).
+        """Load the policy (``tasks.rollout.engines.load_policy``).
 
         Raises:
             ValueError: the adapter folder's content changed since the source was made.
         """
-        from tasks.rollout.stage import load_policy
+        from tasks.rollout.engines import load_policy
 
         if self.adapter_dir is not None and sha256_dir(self.adapter_dir) != self.adapter_sha256:
             raise ValueError(f"policy adapter {self.adapter_dir}: files changed since the rollout was planned "

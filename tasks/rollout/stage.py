@@ -10,7 +10,8 @@ from typing import Any
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
 from tasks.harnesses.spec import HarnessSpec
-from tasks.hashing import seed_from, sha256_json
+from tasks.hashing import seed_from
+from tasks.rollout.engines import load_policy  # noqa: F401 - re-exported (tasks.rollout.stage.load_policy)
 from tasks.train.advantages import group_ids
 
 log = logging.getLogger("harnessrl.rollout")
@@ -28,19 +29,9 @@ def harness_specs(store: ArtifactStore, ref: ArtifactRef) -> dict[str, HarnessSp
     return out
 
 
-def load_policy(cfg: RunConfig, adapter_dir: Any = None) -> Any:
-    """The rollout policy of ``policy.engine`` (hf | vllm | openai) on ``policy.model`` with an
-    optional LoRA adapter folder (see :func:`tasks.rollout.engines.make_policy`)."""
-    from tasks.rollout.engines import make_policy
-    from tasks.rollout.models import model_id, resolve_model
-
-    path = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
-    return make_policy(path, cfg.policy, base_model_id=model_id(path), adapter_dir=adapter_dir)
-
-
 def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tasks: dict[str, dict[str, Any]],
                 records: list[dict[str, Any]], samples: int, seed: int, tag: str, *,
-                mesh_heads: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                loop_states: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``samples`` episodes per record under its harness, fanned out over ``cfg.rollout``'s task
     runner (see :mod:`tasks.rollout.fanout`): :func:`iter_records` with its chunks joined.
 
@@ -54,7 +45,7 @@ def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], task
     """
     episodes: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
-    for eps, ts in iter_records(policy, cfg, specs, tasks, records, samples, seed, tag, mesh_heads=mesh_heads):
+    for eps, ts in iter_records(policy, cfg, specs, tasks, records, samples, seed, tag, loop_states=loop_states):
         episodes += eps
         turns += ts
     return episodes, turns
@@ -62,13 +53,13 @@ def run_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], task
 
 def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tasks: dict[str, dict[str, Any]],
                  records: list[dict[str, Any]], samples: int, seed: int, tag: str, *,
-                 mesh_heads: dict[str, Any] | None = None
+                 loop_states: dict[str, Any] | None = None
                  ) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """Run ``samples`` episodes per record under its harness and yield ``(episodes, turns)`` one
     chunk at a time, in (harness name, record id, sample) order: one chunk per shard of
-    :mod:`tasks.rollout.fanout` (on every runner), and one per ``talkmesh`` harness, whose records
-    are run in this process by :func:`tasks.talkmesh.episodes.run_mesh_records` (one mesh run per
-    episode) with their fitted confidence head from ``mesh_heads`` (harness_id -> ConfidenceHead).
+    :mod:`tasks.rollout.fanout` (on every runner), and one per harness of a plugged-in loop type
+    (:mod:`tasks.rollout.loop_plugins`, e.g. ``talkmesh``), whose records its plugin runs in this
+    process with the harness's fitted state from ``loop_states`` (harness_id -> state).
     A caller that writes each chunk before asking for the next holds one shard's turns at a time.
 
     Args:
@@ -83,18 +74,19 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
     Raises:
         tasks.rollout.fanout.ShardError: a shard failed (the message names it).
         ValueError: a policy object with the ``dask`` or ``ray`` runner; or a shard's episodes
-            came back in another order than its jobs (an engine contract violation); a talkmesh
-            harness with no head in ``mesh_heads``.
+            came back in another order than its jobs (an engine contract violation); a harness of
+            a plugged-in loop type with no state in ``loop_states``.
     """
     from tasks.rollout.fanout import (PolicySource, ShardInput, cached_policy, iter_fan_out, pin_torch_threads,
                                       plan_shards, release_policy, torch_threads)
-    from tasks.talkmesh.episodes import hidden_states, is_mesh, run_mesh_records
+    from tasks.rollout.loop_plugins import plugin_of
 
-    mesh_ids = {r["harness_id"] for r in records if r["harness_id"] in specs and is_mesh(specs[r["harness_id"]])}
-    missing = sorted(specs[h].name for h in mesh_ids if h not in (mesh_heads or {}))
+    mesh_ids = {r["harness_id"] for r in records if r["harness_id"] in specs and plugin_of(specs[r["harness_id"]])}
+    missing = sorted(specs[h].name for h in mesh_ids if h not in (loop_states or {}))
     if missing:
-        raise ValueError(f"{tag}: talkmesh harness(es) {missing} have no fitted confidence head (the rollout stage's "
-                         "talkmesh_head artifact)")
+        raise ValueError(f"{tag}: harness(es) {missing} of a plugged-in loop type have no fitted state (the rollout "
+                         "stage's " + ", ".join(sorted({str(plugin_of(specs[h]).state_artifact)  # type: ignore[union-attr]
+                                                       for h in mesh_ids})) + " artifact)")
     rc = cfg.rollout
     threads = torch_threads(cfg)
     plain = [r for r in records if r["harness_id"] not in mesh_ids]
@@ -113,9 +105,11 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
             if hid in mesh_ids:
                 pin_torch_threads(threads)  # as run_shard does: the thread count changes CPU reduction order
                 loaded = cached_policy(policy) if isinstance(policy, PolicySource) else policy
-                yield run_mesh_records(loaded, cfg, specs[hid], hid, tasks,
-                                       [r for r in records if r["harness_id"] == hid], samples, seed, tag,
-                                       mesh_heads[hid], hidden_states(cfg, specs[hid]))  # type: ignore[index]
+                plugin = plugin_of(specs[hid])
+                assert plugin is not None
+                yield plugin.run_records(loaded, cfg, specs[hid], hid, tasks,
+                                         [r for r in records if r["harness_id"] == hid], samples, seed, tag,
+                                         loop_states[hid])  # type: ignore[index]
                 continue
             n_eps, reward = 0, 0.0
             while pending and pending[0].shard.harness_id == hid:
@@ -167,40 +161,40 @@ def episode_rows(eps: list[dict[str, Any]], policy_id: str, policy_version: int)
 def run_rollout(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
     """Sample ``rollout.samples_per_task`` episodes per train record with the base policy.
 
-    With a ``talkmesh`` harness among the records, first fit its confidence head
-    (:func:`tasks.talkmesh.episodes.fit_heads`) and write ``talkmesh_head`` (one row per talkmesh
-    harness) and ``talkmesh_calibration_<harness name>`` (contract ``talkmesh_calibration``); the
-    mesh episodes are scored with the head as read back from that file."""
+    With harnesses of a plugged-in loop type among the records (:mod:`tasks.rollout.loop_plugins`,
+    e.g. ``talkmesh``), first fit each plugin's state on the train records with the base policy and
+    write it as the plugin's ``state_artifact`` (``talkmesh_head``: one row per harness) with the
+    artifacts it returns beside it (``talkmesh_calibration_<harness name>``); its episodes run with
+    the state as read back from that file."""
     tasks = {t["task_id"]: t for t in store.rows(inputs["tasks"])}
     specs = harness_specs(store, inputs["harnesses"])
     records = [r for r in store.rows(inputs["records"]) if r["split"] == "train"]
     if not records:
         raise ValueError("rollout: the frozen records have no train split")
     from tasks.rollout.fanout import PolicySource, cached_policy, release_policy
-    from tasks.talkmesh.episodes import fit_heads, heads_from_rows, is_mesh
+    from tasks.rollout.loop_plugins import plugin_of
 
     source = PolicySource.of(cfg)
     ch = cfg.section_hash("policy", "sandbox", "rollout")
     ins = [inputs["tasks"], inputs["harnesses"], inputs["records"]]
     out: dict[str, ArtifactRef] = {}
-    heads = None
-    if any(is_mesh(specs[r["harness_id"]]) for r in records):
-        # talkmesh harnesses: the confidence head first (base-policy proposals on the train tasks)
-        from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the contracts)
-
+    states: dict[str, Any] = {}
+    loops = {p.loop_type: p for p in (plugin_of(specs[r["harness_id"]]) for r in records) if p is not None}
+    for plugin in (loops[k] for k in sorted(loops)):  # each loop type's state first (base policy, train tasks)
         try:
-            head_rows, calib = fit_heads(cached_policy(source), cfg, specs, tasks, records)
+            state_rows, extra = plugin.fit(cached_policy(source), cfg, specs, tasks, records)
         except BaseException:
             release_policy(source)  # an engine's worker process must not outlive a failed fit
             raise
-        out["talkmesh_head"] = store.write("rollout", "talkmesh_head", head_rows, inputs=ins, config_hash=ch)
-        for name, rows in calib.items():
-            out[f"talkmesh_calibration_{name}"] = store.write(
-                "rollout", f"talkmesh_calibration_{name}", rows, contract="talkmesh_calibration",
-                inputs=[out["talkmesh_head"]], config_hash=ch)
-        heads = heads_from_rows(store.rows(out["talkmesh_head"]))
+        if plugin.state_artifact is None:
+            continue
+        ref = out[plugin.state_artifact] = store.write("rollout", plugin.state_artifact, state_rows, inputs=ins,
+                                                       config_hash=ch)
+        for name, (rows, contract) in extra.items():
+            out[name] = store.write("rollout", name, rows, contract=contract, inputs=[ref], config_hash=ch)
+        states.update(plugin.states(store.rows(ref)))
     eps, turns = run_records(source, cfg, specs, tasks, records, cfg.rollout.samples_per_task,
-                             seed_from(cfg.seed, "rollout"), "rollout", mesh_heads=heads)
+                             seed_from(cfg.seed, "rollout"), "rollout", loop_states=states or None)
     rows = episode_rows(eps, eps[0]["policy_id"], 0)
     ep_ref = store.write("rollout", "episodes", rows, inputs=ins, config_hash=ch)
     tu_ref = store.write("rollout", "turns", turns, inputs=ins, config_hash=ch)

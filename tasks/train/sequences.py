@@ -64,11 +64,12 @@ def build_sequences(episodes: Iterable[dict[str, Any]], turns: Iterable[dict[str
 
     Raises:
         SequenceError: an episode with no turns, or turns that do not chain into one sequence
-            (a gap in ``turn_idx``, a later turn that does not continue the previous one); an episode of a ``talkmesh`` harness (its turns
-            are separate messages: :func:`tasks.talkmesh.episodes.talk_train_sequences`).
+            (a gap in ``turn_idx``, a later turn that does not continue the previous one); an
+            episode of a plugged-in loop type whose turns are separate messages (``talkmesh``:
+            its plugin's ``train_sequences`` builds its sequences).
     """
     from tasks.rollout.turns import TurnsError, episode_sequence
-    from tasks.talkmesh.episodes import is_mesh_turn
+    from tasks.rollout.loop_plugins import owns_turn
 
     if truncated_reward not in ("zero", "graded"):
         raise ValueError(f"truncated_reward={truncated_reward!r} is not one of 'zero', 'graded'")
@@ -89,11 +90,12 @@ def build_sequences(episodes: Iterable[dict[str, Any]], turns: Iterable[dict[str
         ts = sorted(by_ep.get(ep["episode_id"], []), key=lambda t: t["turn_idx"])
         if not ts:
             raise SequenceError(f"episode {ep['episode_id']} has no turns")
-        if any(is_mesh_turn(t.get("action")) for t in ts):
+        owner = next((p for p in (owns_turn(t.get("action")) for t in ts) if p is not None), None)
+        if owner is not None:
             raise SequenceError(
-                f"episode {ep['episode_id']} (harness {ep.get('harness_name', ep['harness_id'])}) is a TalkMesh run: its "
-                "turns are separate messages with their own prompts, not one growing context, and cannot be chained "
-                "into one sequence; train it with tasks.talkmesh.episodes.talk_train_sequences")
+                f"episode {ep['episode_id']} (harness {ep.get('harness_name', ep['harness_id'])}) is a {owner.loop_type} "
+                "run: its turns are separate messages with their own prompts, not one growing context, and cannot be "
+                f"chained into one sequence; train it with the {owner.loop_type} plugin's train_sequences")
         try:  # the prompt reconstruction: turns store what they add (tasks.rollout.turns)
             ids, starts = episode_sequence(ts)
         except TurnsError as e:

@@ -38,14 +38,15 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     row per arm, named by the arm) and, when any arm trains online, ``online_episodes`` /
     ``online_turns`` (every online arm's rows, in arm order).
 
-    Episodes of ``talkmesh`` harnesses train the talk policy: one sequence per hint or revision turn
-    with its talk reward (:func:`tasks.talkmesh.episodes.talk_train_sequences`; their rows are also
-    written as ``talkmesh_talk_sequences``); the other episodes as one sequence each.
+    Episodes of a plugged-in loop type (:mod:`tasks.rollout.loop_plugins`) become sequences through
+    its plugin, which also names artifacts to write (``talkmesh``: the talk policy's one sequence
+    per hint or revision turn, written as ``talkmesh_talk_sequences``); the other episodes become
+    one sequence each.
 
     Raises:
         LeakageError: a test-split task among the rollouts.
-        ValueError: a talkmesh harness with an online arm (not supported), or talkmesh rollouts
-            with no hint or revision to train on.
+        ValueError: an online arm with a loop type that trains offline only (``talkmesh``), or a
+            plugin's episodes with nothing to train on.
     """
     from tasks.rollout.models import model_id, resolve_model
     from tasks.train.loops import train_distributed, train_online
@@ -59,23 +60,26 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
         raise LeakageError(f"train: {len(leaked)} test-split task(s) in the training rollouts: {leaked[:10]}")
     specs = harness_specs(store, inputs["harnesses"])
     sampling = {hid: (s.sampling.temperature, s.sampling.top_k, s.sampling.top_p) for hid, s in specs.items()}
-    from tasks.talkmesh.episodes import is_mesh, talk_train_sequences
+    from tasks.rollout.loop_plugins import plugin_of
 
-    mesh_ids = {hid for hid, s in specs.items() if is_mesh(s)}
-    mesh_eps = [e for e in episodes if e["harness_id"] in mesh_ids]
+    loop_of = {hid: p for hid, p in ((hid, plugin_of(s)) for hid, s in specs.items()) if p is not None}
+    mesh_eps = [e for e in episodes if e["harness_id"] in loop_of]
     online_arms = [arm for arm, tc in cfg.arm_configs() if tc.mode != "frozen"]
-    if mesh_eps and online_arms:
-        raise ValueError(f"train: arm(s) {online_arms} train online, which is not supported with a talkmesh harness "
-                         f"({sorted({e['harness_name'] for e in mesh_eps})}): use train.mode frozen")
+    offline_only = sorted({loop_of[e["harness_id"]].loop_type for e in mesh_eps
+                           if not loop_of[e["harness_id"]].trains_online})
+    if offline_only and online_arms:
+        raise ValueError(f"train: arm(s) {online_arms} train online, which is not supported with a {offline_only[0]} "
+                         f"harness ({sorted({e['harness_name'] for e in mesh_eps})}): use train.mode frozen")
     turns = store.rows(inputs["turns"])
-    plain_eps = [e for e in episodes if e["harness_id"] not in mesh_ids]
+    plain_eps = [e for e in episodes if e["harness_id"] not in loop_of]
     talk_seqs: list[Any] = []
-    talk_rows: list[dict[str, Any]] = []
-    if mesh_eps:  # the talk policy's GRPO batch: one sequence per hint / revision (tasks.talkmesh.talk)
-        talk_seqs, talk_rows = talk_train_sequences(mesh_eps, turns, specs)
-        if not talk_seqs:
-            raise ValueError("train: the talkmesh rollouts hold no hint or revision with a reward (no agent was below "
-                             "mesh.threshold?); nothing to train the talk policy on")
+    loop_artifacts: dict[str, list[dict[str, Any]]] = {}
+    for plugin in sorted({id(p): p for p in loop_of.values()}.values(), key=lambda p: p.loop_type):
+        own = [e for e in mesh_eps if loop_of[e["harness_id"]] is plugin]
+        if own:  # e.g. talkmesh: the talk policy's GRPO batch, one sequence per hint / revision
+            seqs_, arts = plugin.train_sequences(own, turns, specs)
+            talk_seqs += seqs_
+            loop_artifacts.update(arts)
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
     base_id = model_id(model_dir)
     in_hashes = {k: v.sha256 for k, v in sorted(inputs.items())}
@@ -130,9 +134,8 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
                             extra={"timing": timing, "phases": phases})
     ck_ref = store.write("train", "checkpoints", ckpts, inputs=[steps_ref, *ins], config_hash=ch)
     out = {"train_steps": steps_ref, "checkpoints": ck_ref}
-    if talk_rows:
-        out["talkmesh_talk_sequences"] = store.write("train", "talkmesh_talk_sequences", talk_rows, inputs=ins,
-                                                     config_hash=ch)
+    for name, rows in loop_artifacts.items():
+        out[name] = store.write("train", name, rows, inputs=ins, config_hash=ch)
     if online:
         out["online_episodes"] = store.write("train", "online_episodes", [r for o in online for r in o["episodes"]],
                                              contract="episodes", inputs=ins, config_hash=ch)

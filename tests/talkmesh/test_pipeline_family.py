@@ -160,7 +160,7 @@ def test_rollout_episodes_are_mesh_runs(run):
     calib = store.rows(ro["talkmesh_calibration_talkmesh"], contract="talkmesh_calibration")
     assert sum(c["n"] for c in calib) == head[0]["n"] and calib[0]["ece"] == head[0]["ece"]
     # talkmesh turns are separate messages: the episode sequence builder refuses them
-    with pytest.raises(SequenceError, match="TalkMesh run"):
+    with pytest.raises(SequenceError, match="is a talkmesh run: its turns are separate messages"):
         build_sequences(eps, turns, {e["harness_id"]: (1.0, 0, 1.0) for e in eps})
 
 
@@ -184,7 +184,7 @@ def test_sealed_evaluation_and_report(run):
 
     cfg, root, store, (fr, ro, tr, ev, an) = run
     plan = json.loads((root / "run/evaluate/plan.json").read_text())
-    assert plan["talkmesh_head"]["sha256"] == ro["talkmesh_head"].sha256 == plan["inputs"]["talkmesh_head"]
+    assert plan["loop_states"]["talkmesh_head"]["sha256"] == ro["talkmesh_head"].sha256 == plan["inputs"]["talkmesh_head"]
     evals = store.rows(ev["evaluations"])
     assert {e["checkpoint"] for e in evals} == {"base", "final"} and all(e["num_turns"] == 6 for e in evals)
     eval_turns = store.rows(ev["eval_turns"], contract="turns")
@@ -197,7 +197,7 @@ def test_sealed_evaluation_and_report(run):
     good = p.read_bytes()
     p.write_bytes(good + b"\0")
     try:
-        with pytest.raises(SealError, match="talkmesh confidence head changed"):
+        with pytest.raises(SealError, match="talkmesh_head the attempts ran with changed"):
             verify_run(store)
     finally:
         p.write_bytes(good)

@@ -44,3 +44,13 @@ def make_policy(model_dir: Path, cfg: PolicyConfig, *, base_model_id: str, adapt
 
         return OpenAIPolicy(model_dir, cfg, base_model_id=base_model_id, adapter_dir=adapter_dir)
     raise ValueError(f"policy.engine={cfg.engine!r} is not one of {ENGINES}")
+
+
+def load_policy(cfg: Any, adapter_dir: Any = None) -> Any:
+    """The rollout policy of a run config's ``policy.engine`` (hf | vllm | openai) on
+    ``policy.model`` (resolved: :func:`tasks.rollout.models.resolve_model`) with an optional LoRA
+    adapter folder (:func:`make_policy`)."""
+    from tasks.rollout.models import model_id, resolve_model
+
+    path = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
+    return make_policy(path, cfg.policy, base_model_id=model_id(path), adapter_dir=adapter_dir)
