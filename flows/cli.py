@@ -63,6 +63,9 @@ def prepare_environment(run_root: Path) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # 20 s is short on a busy host
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "harnessrl")
+    # our loggers also log from worker threads outside any flow run (the online sampler's thread):
+    # those lines go to the console only, without Prefect's per-line "no flow run id" warning
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
