@@ -191,12 +191,18 @@ def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:
     console.print(t)
     store = ArtifactStore(rd)
     m = store.rows(result["analyze"]["outputs"]["mismatch"])
-    p = Table(title="sealed evaluation (test split)")
-    for col in ("checkpoint", "harness", "pass@1", "ceiling", "mismatch", "graded", "infra errors"):
-        p.add_column(col)
+    # compact (simple box, one line per row) so that it fits 80 columns without cutting a name
+    from rich import box
+
+    ks = sorted({r["ceiling_k"] for r in m})
+    p = Table(title="sealed evaluation (test split)", box=box.SIMPLE_HEAD)
+    for col in ("checkpoint", "harness", "pass@1", f"ceiling@{ks[0]}" if len(ks) == 1 else "ceiling", "mismatch",
+                "graded", "infra"):
+        p.add_column(col, no_wrap=True)
     for r in m:
-        p.add_row(r["checkpoint"], r["harness_name"], f"{r['pass_at_1']:.3f}", f"{r['ceiling']:.3f} (pass@{r['ceiling_k']})",
-                  f"{r['mismatch']:.3f}", str(r["graded"]), str(r["infra_errors"]))
+        ceiling = f"{r['ceiling']:.3f}" if len(ks) == 1 else f"{r['ceiling']:.3f} (pass@{r['ceiling_k']})"
+        p.add_row(r["checkpoint"], r["harness_name"], f"{r['pass_at_1']:.3f}", ceiling, f"{r['mismatch']:.3f}",
+                  str(r["graded"]), str(r["infra_errors"]))
     console.print(p)
     console.print(f"run folder: {rd.resolve() if isinstance(rd, Path) else rd}")
     console.print(f"report:     {(rd / 'analyze' / 'report.md').resolve() if isinstance(rd, Path) else f'{rd}/analyze/report.md'}")
