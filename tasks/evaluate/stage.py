@@ -211,7 +211,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     rec_by_id = {r["record_id"]: r for r in records}
     specs = harness_specs(store, inputs["harnesses"])
     plan_recs = [rec_by_id[p["record_id"]] for p in plan["records"]]
-    mesh_kw: dict[str, Any] = {}
+    loop_kw: dict[str, Any] = {}
     loops = {p.loop_type: p for p in (plugin_of(specs[r["harness_id"]]) for r in plan_recs) if p is not None}
     for plugin in (loops[k] for k in sorted(loops)):
         name = plugin.state_artifact
@@ -220,7 +220,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
         if name not in inputs:
             raise ValueError(f"evaluate: a {plugin.loop_type} harness is evaluated but the inputs have no {name} (the "
                              "rollout stage's fitted state)")
-        mesh_kw.setdefault("loop_states", {}).update(plugin.states(store.rows(inputs[name], contract=name)))
+        loop_kw.setdefault("loop_states", {}).update(plugin.states(store.rows(inputs[name], contract=name)))
     rows: list[dict[str, Any]] = []
     retries: list[dict[str, Any]] = []
     turn_episodes: set[str] = set()
@@ -230,7 +230,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
 
         def attempts(*args: Any) -> Iterator[dict[str, Any]]:
             """The episodes of one runner call, chunk by chunk, their turns written on the way."""
-            for eps, chunk_turns in runner(*args, **mesh_kw):
+            for eps, chunk_turns in runner(*args, **loop_kw):
                 turns_out.add(chunk_turns)
                 turn_episodes.update(t["episode_id"] for t in chunk_turns)
                 yield from eps

@@ -81,15 +81,15 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
                                       plan_shards, release_policy, torch_threads)
     from tasks.rollout.loop_plugins import plugin_of
 
-    mesh_ids = {r["harness_id"] for r in records if r["harness_id"] in specs and plugin_of(specs[r["harness_id"]])}
-    missing = sorted(specs[h].name for h in mesh_ids if h not in (loop_states or {}))
+    plugin_ids = {r["harness_id"] for r in records if r["harness_id"] in specs and plugin_of(specs[r["harness_id"]])}
+    missing = sorted(specs[h].name for h in plugin_ids if h not in (loop_states or {}))
     if missing:
         raise ValueError(f"{tag}: harness(es) {missing} of a plugged-in loop type have no fitted state (the rollout "
                          "stage's " + ", ".join(sorted({str(plugin_of(specs[h]).state_artifact)  # type: ignore[union-attr]
-                                                       for h in mesh_ids})) + " artifact)")
+                                                       for h in plugin_ids})) + " artifact)")
     rc = cfg.rollout
     threads = torch_threads(cfg)
-    plain = [r for r in records if r["harness_id"] not in mesh_ids]
+    plain = [r for r in records if r["harness_id"] not in plugin_ids]
     by_id = {r["record_id"]: r for r in plain}
     shards = plan_shards(plain, specs, samples, rc.shard_size) if plain else []
     inputs = []
@@ -102,7 +102,7 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
     hids = sorted({r["harness_id"] for r in records}, key=lambda h: (specs[h].name, h))
     try:
         for hid in hids:
-            if hid in mesh_ids:
+            if hid in plugin_ids:
                 pin_torch_threads(threads)  # as run_shard does: the thread count changes CPU reduction order
                 loaded = cached_policy(policy) if isinstance(policy, PolicySource) else policy
                 plugin = plugin_of(specs[hid])
@@ -122,7 +122,7 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
             log.info("%s: %s: %d episodes, mean reward %.3f", tag, specs[hid].name, n_eps, reward / max(n_eps, 1))
     finally:
         results.close()
-        if isinstance(policy, PolicySource) and (mesh_ids or rc.task_runner in ("serial", "thread")):
+        if isinstance(policy, PolicySource) and (plugin_ids or rc.task_runner in ("serial", "thread")):
             release_policy(policy)
 
 

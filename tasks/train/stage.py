@@ -63,22 +63,22 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     from tasks.rollout.loop_plugins import plugin_of
 
     loop_of = {hid: p for hid, p in ((hid, plugin_of(s)) for hid, s in specs.items()) if p is not None}
-    mesh_eps = [e for e in episodes if e["harness_id"] in loop_of]
+    plugin_eps = [e for e in episodes if e["harness_id"] in loop_of]
     online_arms = [arm for arm, tc in cfg.arm_configs() if tc.mode != "frozen"]
-    offline_only = sorted({loop_of[e["harness_id"]].loop_type for e in mesh_eps
+    offline_only = sorted({loop_of[e["harness_id"]].loop_type for e in plugin_eps
                            if not loop_of[e["harness_id"]].trains_online})
     if offline_only and online_arms:
         raise ValueError(f"train: arm(s) {online_arms} train online, which is not supported with a {offline_only[0]} "
-                         f"harness ({sorted({e['harness_name'] for e in mesh_eps})}): use train.mode frozen")
+                         f"harness ({sorted({e['harness_name'] for e in plugin_eps})}): use train.mode frozen")
     turns = store.rows(inputs["turns"])
     plain_eps = [e for e in episodes if e["harness_id"] not in loop_of]
-    talk_seqs: list[Any] = []
+    plugin_seqs: list[Any] = []
     loop_artifacts: dict[str, list[dict[str, Any]]] = {}
     for plugin in sorted({id(p): p for p in loop_of.values()}.values(), key=lambda p: p.loop_type):
-        own = [e for e in mesh_eps if loop_of[e["harness_id"]] is plugin]
+        own = [e for e in plugin_eps if loop_of[e["harness_id"]] is plugin]
         if own:  # e.g. talkmesh: the talk policy's GRPO batch, one sequence per hint / revision
             seqs_, arts = plugin.train_sequences(own, turns, specs)
-            talk_seqs += seqs_
+            plugin_seqs += seqs_
             loop_artifacts.update(arts)
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
     base_id = model_id(model_dir)
@@ -105,7 +105,7 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
             if arm_train.mode == "frozen":
                 seqs, dropped = build_sequences(plain_eps, turns, sampling, drop_stop_reasons=arm_train.drop_stop_reasons,
                                                 truncated_reward=arm_train.truncated_reward)
-                result = train_distributed(acfg, model_dir, seqs + talk_seqs, Path(tmp) / "adapter", log=log.info,
+                result = train_distributed(acfg, model_dir, seqs + plugin_seqs, Path(tmp) / "adapter", log=log.info,
                                            dropped=dropped, state_path=state, resume_key=resume_key, after_step=snap)
             else:
                 sample, release = _online_sampler(store, acfg, inputs, specs, sampling, base_id,
