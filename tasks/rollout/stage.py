@@ -84,9 +84,8 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
     plugin_ids = {r["harness_id"] for r in records if r["harness_id"] in specs and plugin_of(specs[r["harness_id"]])}
     missing = sorted(specs[h].name for h in plugin_ids if h not in (loop_states or {}))
     if missing:
-        raise ValueError(f"{tag}: harness(es) {missing} of a plugged-in loop type have no fitted state (the rollout "
-                         "stage's " + ", ".join(sorted({str(plugin_of(specs[h]).state_artifact)  # type: ignore[union-attr]
-                                                       for h in plugin_ids})) + " artifact)")
+        raise ValueError(f"{tag}: harness(es) {missing} of a plugged-in loop type have no fitted state in loop_states "
+                         "(the rollout stage writes it as the plugin's state_artifact)")
     rc = cfg.rollout
     threads = torch_threads(cfg)
     plain = [r for r in records if r["harness_id"] not in plugin_ids]
