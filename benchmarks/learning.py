@@ -222,7 +222,7 @@ def main() -> None:
     ap.add_argument("--side", choices=["ours", "trl", "evaluate"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--adapters", help=argparse.SUPPRESS)
-    ap.add_argument("--smoke", action="store_true", help="the tests' tiny model, 20 s, our side only")
+    ap.add_argument("--smoke", action="store_true", help="the tests' tiny model, 8 s, our side only")
     a = ap.parse_args()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -245,7 +245,7 @@ def main() -> None:
 
             overrides = {"policy.model": str(tiny_model(root / "tiny")), "policy.engine": "hf",
                          "suites.0.size": 12, "train.prompts_per_step": 2, "rollout.samples_per_task": 2}
-            a.budget_s, a.marks, a.attempts = 20.0, 2, 1
+            a.budget_s, a.marks, a.attempts = 8.0, 2, 1
         env = {**os.environ, "HARNESSRL_LEARNING_OVERRIDES": json.dumps(overrides)}
 
         def run(python: Path, side: str, **extra: Any) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
         from prefect.logging.handlers import APILogWorker
 
         for service in (APILogWorker, EventsWorker):
-            service.drain_all(timeout=60)
+            service.drain_all(timeout=10)
 
 _EXIT_STATUS: dict[str, int] = {}
 

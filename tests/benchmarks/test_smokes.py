@@ -172,7 +172,7 @@ def test_task_difficulty(tmp_path):
 
 def test_learning(tmp_path):
     row = run_smoke("learning", tmp_path)
-    assert row["config"] == "learn-arith.yaml" and row["budget_s"] == 20.0 and row["attempts"] == 1
+    assert row["config"] == "learn-arith.yaml" and row["budget_s"] == 8.0 and row["attempts"] == 1
     assert set(row["curves"]) == {"ours"} and "TRL" in row["skipped"] and "speedup" not in row
     (t0, base), *marks = row["curves"]["ours"]
     # base, then one point per adapter saved at the 2 wall-clock marks (a slow, shared machine may reach 1)
