@@ -34,7 +34,13 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):  # 30 s is not enough on 2 busy cores
+        # Subprocesses (the CLI, benchmark smokes) inherit the API too: without one, each process
+        # that runs a flow starts its own temporary server (~10 s on 2 cores).
+        from prefect.settings import PREFECT_API_URL
+
+        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
         yield
+        os.environ.pop("PREFECT_API_URL", None)
         # The harness drains Prefect's log and event services with no timeout. At the end of the
         # whole suite (several Prefect servers in this process) a service whose event loop is gone
         # blocked that drain forever. Drain them first with a bound: each instance is stopped and

@@ -26,8 +26,9 @@ NO_SMOKE = {"gpu_check": "tests/benchmarks/test_gpu_check.py"}  # gpu_check.sh's
 
 
 @pytest.fixture(autouse=True)
-def _shared_tiny_model(tiny_model_dir, monkeypatch):
-    """The smokes take the suite's tiny model instead of each building one (benchmarks/_results.py)."""
+def _shared_tiny_model(tiny_model_dir, prefect_harness, monkeypatch):
+    """The smokes take the suite's tiny model instead of each building one (benchmarks/_results.py),
+    and the suite's Prefect API (conftest) instead of each starting a temporary server."""
     monkeypatch.setenv("HARNESSRL_TINY_MODEL", str(tiny_model_dir))
 
 

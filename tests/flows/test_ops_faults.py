@@ -41,10 +41,13 @@ def tiny_config(model_dir: Path, name: str = "ops") -> dict:
 
 
 def cli_run(cfg_path: Path, rd: Path, home: Path, fault: str | None) -> tuple[int, str]:
-    """``harnessrl run`` in its own process group (SIGKILL of the CLI leaves Prefect's server
-    process behind; the group is killed afterwards). Returns (exit status, output)."""
-    env = {**os.environ, "PREFECT_HOME": str(home), "COLUMNS": "200", "HARNESSRL_PROGRESS": "0"}
-    env.pop("PREFECT_API_URL", None)
+    """``harnessrl run`` in its own process group, against the session's Prefect API (a CLI
+    without one starts its own temporary server, ~10 s per run; the group is killed afterwards
+    all the same). Returns (exit status, output)."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_HOME": str(home), "COLUMNS": "200", "HARNESSRL_PROGRESS": "0",
+           "PREFECT_API_URL": PREFECT_API_URL.value()}
     env.pop("HARNESSRL_FAULT", None)
     if fault:
         env["HARNESSRL_FAULT"] = fault
@@ -78,7 +81,7 @@ def status_of(rd: Path) -> dict[str, str]:
     return {s.stage: s.state for s in run_status(ArtifactStore(rd))}
 
 
-def test_kill_at_three_points_then_resume(tiny_model_dir, tmp_path):
+def test_kill_at_three_points_then_resume(tiny_model_dir, prefect_harness, tmp_path):
     require("bubblewrap", bwrap_missing())
     cfg_path = tmp_path / "tiny.yaml"
     cfg_path.write_text(yaml.safe_dump(tiny_config(tiny_model_dir)))

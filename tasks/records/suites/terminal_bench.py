@@ -98,6 +98,7 @@ import base64
 import json
 import re
 import secrets
+import threading
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,21 @@ READY_MARK = "HARNESSRL-TB-READY"
 _DOCKER_FILES = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml"}
 _ABS_TESTS_RE = re.compile(r"(?<![\w.~/-])/tests\b|\$\{?TEST_DIR\b")
 _ABS_SOLUTION_RE = re.compile(r"(?<![\w.~/-])/(solution|oracle)\b")
+# CPython 3.11's AST converter keeps its recursion depth in interpreter-wide state: two threads
+# parsing at once fail with "SystemError: AST constructor recursion depth mismatch" (seen in CI,
+# grading four sandboxes at a time). Tasks are loaded from threads (graders, the battery), so
+# every parse here takes this lock.
+_AST_LOCK = threading.Lock()
+
+
+def _parse_python(src: str, filename: str = "<unknown>") -> ast.Module:
+    """`ast.parse(src, filename)` under a process-wide lock (see `_AST_LOCK`).
+
+    Raises:
+        SyntaxError: `src` is not valid Python.
+    """
+    with _AST_LOCK:
+        return ast.parse(src, filename=filename)
 
 
 class TaskFormatError(ValueError):
@@ -403,7 +419,7 @@ def _read_tests(folder: Path) -> tuple[dict[str, bytes], list[dict[str, Any]]]:
         field = f"tests/{rel}"
         try:
             src = tests[rel].decode("utf-8")
-            tree = ast.parse(src, filename=field)
+            tree = _parse_python(src, field)
         except (UnicodeDecodeError, SyntaxError) as e:
             raise _err(folder, field, f"not valid Python: {e}") from None
         if _ABS_TESTS_RE.search(src):
@@ -783,7 +799,7 @@ def compute_test_lists(spec: dict[str, Any], workspace_files: dict[str, str], sa
         p2p = [t for t, ok in b.items() if ok]
         for r, f in zip(spec["run"], before["files"]):
             if f["collect_error"]:
-                f2p += [f"{r['src']}::{n}" for n in static_test_ids(ast.parse(spec["tests"][r["src"]]))]
+                f2p += [f"{r['src']}::{n}" for n in static_test_ids(_parse_python(spec["tests"][r["src"]]))]
     return {"fail_to_pass": sorted(f2p), "pass_to_pass": sorted(p2p), "lists_oracle_checked": after is not None}
 
 
