@@ -147,7 +147,11 @@ def test_cli_run_resumes_at_the_failed_stage(tiny_model_dir, prefect_harness, tm
 
     import tasks.analysis.ceiling as analysis_ceiling
 
-    cfg = _cfg(tiny_model_dir, name="resume", seed=9)
+    # what resumes is the stage order, not the sizes: one suite of 4 tasks, one harness
+    cfg = _cfg(tiny_model_dir, name="resume", seed=9, harnesses=["direct"],
+               suites=[{"name": "basic_arithmetic", "size": 4, "seed": 1,
+                        "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
+               split={"test_fraction": 0.25})
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     rd = tmp_path / "run"

@@ -347,11 +347,10 @@ def test_saved_adapter_config_is_byte_stable_across_processes(tiny_model_dir, tm
     code = ("import sys; from pathlib import Path; from tests.train.test_trainer import _cfg, _seqs;"
             "from tasks.train.loops import train;"
             "train(_cfg(Path(sys.argv[1])), Path(sys.argv[1]), _seqs(), Path(sys.argv[2]), log=lambda m: None)")
-    outs = []
-    for seed in ("1", "2"):
-        out = tmp_path / f"a{seed}"
-        subprocess.run([sys.executable, "-c", code, str(tiny_model_dir), str(out)], check=True,
-                       env={**os.environ, "PYTHONHASHSEED": seed}, cwd=Path(__file__).resolve().parents[2])
-        outs.append(out)
+    outs = [tmp_path / f"a{seed}" for seed in ("1", "2")]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tiny_model_dir), str(out)],  # both at once
+                              env={**os.environ, "PYTHONHASHSEED": out.name[1:]},
+                              cwd=Path(__file__).resolve().parents[2]) for out in outs]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
     assert (outs[0] / "adapter_config.json").read_bytes() == (outs[1] / "adapter_config.json").read_bytes()
     assert sha256_dir(outs[0]) == sha256_dir(outs[1])
