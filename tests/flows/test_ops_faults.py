@@ -41,13 +41,10 @@ def tiny_config(model_dir: Path, name: str = "ops") -> dict:
 
 
 def cli_run(cfg_path: Path, rd: Path, home: Path, fault: str | None) -> tuple[int, str]:
-    """``harnessrl run`` in its own process group, against the session's Prefect API (a CLI
-    without one starts its own temporary server, ~10 s per run; the group is killed afterwards
-    all the same). Returns (exit status, output)."""
-    from prefect.settings import PREFECT_API_URL
-
-    env = {**os.environ, "PREFECT_HOME": str(home), "COLUMNS": "200", "HARNESSRL_PROGRESS": "0",
-           "PREFECT_API_URL": PREFECT_API_URL.value()}
+    """``harnessrl run`` in its own process group, against the session's Prefect API (conftest's
+    ``prefect_harness`` exports ``PREFECT_API_URL``; a CLI without one starts its own temporary
+    server, ~10 s per run). The group is killed afterwards. Returns (exit status, output)."""
+    env = {**os.environ, "PREFECT_HOME": str(home), "COLUMNS": "200", "HARNESSRL_PROGRESS": "0"}
     env.pop("HARNESSRL_FAULT", None)
     if fault:
         env["HARNESSRL_FAULT"] = fault
