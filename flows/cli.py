@@ -11,11 +11,14 @@ from typing import Any, Optional
 
 import typer
 
+from tasks.config.base import STAGES  # pydantic only: --help stays fast
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="harnessrl: RL for LLM agents, with the harness measured apart from the model.")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = "configs/default.yaml"
+FROM_HELP = f"force this stage and every later one ({', '.join(STAGES)})"
 
 
 def _default_config_path(path: Optional[Path]) -> Path:
@@ -74,7 +77,7 @@ def prepare_environment(run_root: Path) -> None:
 @app.command()
 def run(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help=f"run config (default {DEFAULT_CONFIG})"),
-    from_stage: Optional[str] = typer.Option(None, "--from", help="force this stage and every later one"),
+    from_stage: Optional[str] = typer.Option(None, "--from", help=FROM_HELP),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run folder or fsspec URL, e.g. s3://bucket/runs/x "
                                           "(default RUN_ROOT/NAME-CONFIGHASH)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set train.steps=3"),
@@ -117,7 +120,7 @@ def train_cmd(
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="run folder (shared by every host; default "
                                           "RUN_ROOT/NAME-CONFIGHASH)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set train.epochs=2"),
-    from_stage: Optional[str] = typer.Option(None, "--from", help="force this stage and every later one"),
+    from_stage: Optional[str] = typer.Option(None, "--from", help=FROM_HELP),
 ) -> None:
     """The pipeline through the train stage, data-parallel under torchrun:
     `torchrun --nproc-per-node N $(which harnessrl) train -c CONFIG --run-dir RUN` with

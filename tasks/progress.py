@@ -32,6 +32,21 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
         return _log
 
 
+def log_console() -> Any:
+    """The rich console Prefect's console log handler prints with (the root logger's
+    ``PrefectConsoleHandler``), or None when there is none. A bar drawn on that console keeps log
+    lines above it: rich's live display owns the console's output, whereas a second console on the
+    same stream would glue log lines onto the bar."""
+    try:
+        from prefect.logging.handlers import PrefectConsoleHandler
+    except ImportError:  # pragma: no cover - prefect is a dependency
+        return None
+    for h in logging.getLogger().handlers:
+        if isinstance(h, PrefectConsoleHandler):
+            return h.console
+    return None
+
+
 def bar_enabled() -> bool:
     """True when a bar should be drawn: stderr is a TTY and ``HARNESSRL_PROGRESS`` is not ``0``."""
     return os.environ.get("HARNESSRL_PROGRESS", "1") != "0" and sys.stderr.isatty()
@@ -63,7 +78,7 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
             TimeRemainingColumn
 
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TimeRemainingColumn(), transient=True)
+                       TimeRemainingColumn(), transient=True, console=log_console())
         bar.start()
         task_id = bar.add_task(desc, total=total)
 

@@ -108,3 +108,13 @@ def test_cli_run_exits_2_with_that_message(tmp_path, text, overrides, needles):
     for n in needles:
         assert n in out, (n, out)
     assert not (tmp_path / "run").exists(), "a bad config must not create the run folder"
+
+
+def test_from_lists_the_stages_in_help_and_in_its_error(tmp_path):
+    from tasks.config import STAGES
+
+    out = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
+    help_text = " ".join(out.replace("│", " ").split())
+    assert f"force this stage and every later one ({', '.join(STAGES)})" in help_text
+    res = CliRunner().invoke(app, ["run", "--from", "trian", "--run-dir", str(tmp_path / "run")])
+    assert res.exit_code == 2 and f"--from 'trian': not a stage; stages are {', '.join(STAGES)}" in res.output

@@ -205,6 +205,19 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         ValueError: ``analyze.reference`` or a ``analyze.branching.checkpoints`` entry is not a
             checkpoint of this run.
     """
+    from tasks.progress import progress
+
+    # progress part by part (PARTS), so a long analyze is never silent
+    with progress("analyze", len(PARTS), "parts") as advance:
+        return _analyze(store, cfg, inputs, advance)
+
+
+# what run_analyze advances over, in order: each part advances the bar once when it is done
+PARTS = ("per-step branching", "log-odds check", "P1 tables", "leakage, JSD and arm tables", "figures and report")
+
+
+def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], advance: Any
+             ) -> dict[str, ArtifactRef]:
     from tasks.analysis.ceiling import mismatch_cells
     from tasks.analysis.leakage import action_distributions, jsd_table
     from tasks.analysis.predictors import p1_points, r2_table
@@ -225,7 +238,9 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
     with tempfile.TemporaryDirectory(prefix="harnessrl-analyze-") as tmp_s:
         tmp = Path(tmp_s)
         steps = branching_rows(store, cfg, inputs, specs, evals, tmp)
+        advance(1)
         lo_summary, lo_pairs = log_odds_tables(store, cfg, inputs, specs, tmp)
+        advance(1)
 
     step_summary: list[dict[str, Any]] = []
     if steps:
@@ -247,6 +262,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         notes.append("P1's R^2 not computed: it needs at least one trained checkpoint besides the reference "
                      f"{a.reference!r}, evaluated under a harness the reference was evaluated under.")
 
+    advance(1)
     episodes = store.rows(inputs["episodes"])
     mesh_names = sorted({s.name for s in specs.values() if s.loop_type == "talkmesh"})
     plain_eps = [e for e in episodes if specs[e["harness_id"]].loop_type != "talkmesh"]
@@ -279,6 +295,7 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
 
         kl_rows = kl_check_table(seed=a.seed)
 
+    advance(1)
     refs = {
         "suite_pass_rates": store.write("analyze", "suite_pass_rates", suites, inputs=[*ev_in, inputs["tasks"]],
                                         config_hash=ch),
@@ -322,6 +339,8 @@ def run_analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
             store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
             evals, store.rows(inputs["eval_turns"], contract="turns"), mesh_names)
     store.write_text(REPORT, report)
+    advance(1)
+
     def f3(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 

@@ -65,6 +65,10 @@ def _cached_packaged(name: str, root: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from tasks.progress import run_logger
+
+    run_logger().info("model %s: converting the packaged GGUF weights to a bf16 folder in %s, once (about 15 s on "
+                      "2 cores; later runs load the copy in about a second)", name, out)
     tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=info["gguf"])
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=info["gguf"], dtype=torch.float32)
     config = AutoConfig.from_pretrained(gguf_dir, gguf_file=info["gguf"])

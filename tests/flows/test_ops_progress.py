@@ -57,3 +57,29 @@ def test_negative_total_is_refused():
     with pytest.raises(ValueError, match="total=-1"):
         with P.progress("x", -1):
             pass
+
+
+def test_the_bar_draws_on_the_console_prefect_logs_with(monkeypatch):
+    """Log lines never share a line with the bar: the bar is drawn on the root logger's
+    PrefectConsoleHandler console (rich prints that console's lines above a live bar), not on a
+    second console writing to the same stream."""
+    import rich.progress
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    handler = PrefectConsoleHandler(stream=io.StringIO())
+    monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler(), handler])
+    assert P.log_console() is handler.console
+    seen = {}
+
+    class Spy(rich.progress.Progress):
+        def __init__(self, *a, **k):
+            seen["console"] = k.get("console")
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(rich.progress, "Progress", Spy)
+    monkeypatch.setattr(P, "bar_enabled", lambda: True)
+    with P.progress("steps", 2, "steps") as advance:
+        advance(2)
+    assert seen["console"] is handler.console
+    monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
+    assert P.log_console() is None
