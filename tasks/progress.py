@@ -77,8 +77,17 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
 
+        console = log_console()
+        if console is not None:
+            # Prefect's console has its own theme without rich's defaults (inherit=False): add the
+            # bar's styles while the bar is drawn
+            from rich.default_styles import DEFAULT_STYLES
+            from rich.theme import Theme
+
+            console.push_theme(Theme({k: v for k, v in DEFAULT_STYLES.items()
+                                      if k.startswith(("bar.", "progress."))}))
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TimeRemainingColumn(), transient=True, console=log_console())
+                       TimeRemainingColumn(), transient=True, console=console)
         bar.start()
         task_id = bar.add_task(desc, total=total)
 
@@ -97,4 +106,6 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
     finally:
         if bar is not None:
             bar.stop()
+            if bar.console is not None and bar.console is log_console():
+                bar.console.pop_theme()
         logger.info("%s: %d/%d %s in %.1f s", desc, done[0], total, unit, time.monotonic() - t0)

@@ -36,7 +36,7 @@ def tiny_config(model_dir: Path, name: str = "ops") -> dict:
         "rollout": {"samples_per_task": 2, "task_runner": "serial"},
         "train": {"micro_batch_size": 8, "lr": 0.01},
         "evaluate": {"attempts": 2},
-        "analyze": {"ceiling_k": 2},
+        "analyze": {"ceiling_k": 2, "bootstrap_resamples": 200},  # test speed: the intervals' width is not checked
     }
 
 

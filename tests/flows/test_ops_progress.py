@@ -66,7 +66,11 @@ def test_the_bar_draws_on_the_console_prefect_logs_with(monkeypatch):
     import rich.progress
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    handler = PrefectConsoleHandler(stream=io.StringIO())
+    class TTY(io.StringIO):
+        def isatty(self):
+            return True
+
+    handler = PrefectConsoleHandler(stream=TTY())  # a terminal: the bar is rendered with its styles
     monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler(), handler])
     assert P.log_console() is handler.console
     seen = {}
@@ -79,7 +83,9 @@ def test_the_bar_draws_on_the_console_prefect_logs_with(monkeypatch):
     monkeypatch.setattr(rich.progress, "Progress", Spy)
     monkeypatch.setattr(P, "bar_enabled", lambda: True)
     with P.progress("steps", 2, "steps") as advance:
-        advance(2)
+        advance(1)
+        advance(1)
     assert seen["console"] is handler.console
+    assert "steps" in handler.stream.getvalue()  # drawn: every style it uses resolved on Prefect's console
     monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
     assert P.log_console() is None

@@ -29,7 +29,9 @@ def _cfg(model_dir, **over):
         "train": {"epochs": 1, "batch_size": 6, "micro_batch_size": 4, "lr": 0.01},
         "evaluate": {"attempts": 2},
         "analyze": {"ceiling_k": 2, "branching": {"episodes_per_harness": 1, "n": 2, "k": 2},
-                    "log_odds": {"max_states_per_harness": 3}},
+                    "log_odds": {"max_states_per_harness": 3},
+                    # test speed: the pipeline's tables are checked, not the intervals' resolution
+                    "leakage": {"permutations": 20}, "bootstrap_resamples": 200},
     }
     d.update(over)
     return RunConfig.model_validate(d)
