@@ -47,10 +47,6 @@ class HFPolicy:
             torch.set_num_threads(cfg.torch_threads)
         self.cfg = cfg
         self.model, self.tokenizer = load_model_and_tokenizer(model_dir, cfg.device, cfg.rollout_dtype)
-        if cfg.device == "cpu":  # decode steps as two matmuls: see tasks.rollout.decode_attention
-            from tasks.rollout.decode_attention import use_decode_attention
-
-            use_decode_attention(self.model)
         self.adapter_sha256 = ""
         if adapter_dir is not None:
             from peft import PeftModel
