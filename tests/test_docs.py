@@ -100,6 +100,8 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     assert block.splitlines() == ["./scripts/bootstrap.sh && .venv/bin/harnessrl run",
                                   "./scripts/bootstrap.sh && .venv/bin/python -m pytest"]
     assert "METHODS.md" not in text  # not in the repository; the methods are in docs/experiments/
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert images and all((ROOT / i).is_file() for i in images), images  # the one figure is there
 
 
 def test_readme_layout_matches_the_tree():
