@@ -1,6 +1,7 @@
-"""Progress of long loops (rollout shards and episodes, train steps): a rich progress bar on a
-terminal, plus log lines through Prefect's run logger (inside a flow or task run) or the
-``harnessrl`` module logger (outside one), so a run's progress shows in the Prefect UI too.
+"""Progress of long loops (rollout shards and episodes, train steps, analyze parts): a
+rich progress bar on a terminal, drawn on Prefect's console so log lines print above it, plus log
+lines through Prefect's run logger (inside a flow or task run) or the ``harnessrl`` module logger
+(outside one), so a run's progress shows in the Prefect UI too.
 
 The bar is drawn only when stderr is a TTY and ``HARNESSRL_PROGRESS`` is not ``0``; log lines are
 written at most every ``log_every_s`` seconds (and at the end), never per item.
@@ -73,11 +74,12 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
     t0 = last = time.monotonic()
     bar = None
     task_id = None
+    console = None
     if bar_enabled():
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
 
-        console = log_console()
+        console = log_console()  # Prefect's, or None: rich's own
         if console is not None:
             # Prefect's console has its own theme without rich's defaults (inherit=False): add the
             # bar's styles while the bar is drawn
@@ -106,6 +108,6 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
     finally:
         if bar is not None:
             bar.stop()
-            if bar.console is not None and bar.console is log_console():
-                bar.console.pop_theme()
+            if console is not None:
+                console.pop_theme()
         logger.info("%s: %d/%d %s in %.1f s", desc, done[0], total, unit, time.monotonic() - t0)

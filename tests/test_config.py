@@ -11,7 +11,7 @@ def test_default_config_loads_and_hash_is_stable():
     a = load_config(REPO / "configs/default.yaml")
     b = load_config(REPO / "configs/default.yaml")
     assert a.config_hash() == b.config_hash()
-    assert a.train.kl.estimator == "k1" and a.train.kl.placement == "reward"
+    assert a.train.kl.estimator == "k3" and a.train.kl.placement == "loss"  # GRPO's own KL (DeepSeekMath)
     assert set(a.harnesses) == {"direct", "react-python"}
     c = load_config(REPO / "configs/default.yaml", {"train.epochs": 7})
     assert c.train.epochs == 7 and c.config_hash() != a.config_hash()

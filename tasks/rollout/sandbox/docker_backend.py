@@ -63,8 +63,10 @@ def remove_orphans(client) -> list[str]:  # noqa: ANN001 - docker.DockerClient
 
     me = socket.gethostname()
     gone = []
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
-        host, _, pid = c.labels.get(f"{LABEL}.owner", "").rpartition(":")
+    # the low-level listing (ids and labels in one call): the high-level one inspects each
+    # container after listing, and another process's sandbox removed in between raised NotFound
+    for c in client.api.containers(all=True, filters={"label": LABEL}):
+        host, _, pid = (c.get("Labels") or {}).get(f"{LABEL}.owner", "").rpartition(":")
         if host != me or not pid.isdigit():
             continue
         try:
@@ -75,8 +77,8 @@ def remove_orphans(client) -> list[str]:  # noqa: ANN001 - docker.DockerClient
         except PermissionError:
             continue
         try:
-            c.remove(force=True)
-            gone.append(c.id)
+            client.api.remove_container(c["Id"], force=True)
+            gone.append(c["Id"])
         except docker.errors.NotFound:
             pass
     return gone
