@@ -141,7 +141,7 @@ def case_fork_bomb_shell(s, backend):
     r = s.exec(["bash", "-c", "f(){ f | f & }; f; sleep 0.5"])
     # bash returns, or, on a loaded host, is still retrying failed forks with its backoff at the
     # wall limit ("fork: retry"); either way the bomb is killed and the sandbox is usable after it
-    assert r.status in ("ok", "timeout"), r
+    assert r.status == "ok" or (r.status == "timeout" and "leftover" in r.detail), r
     after = s.exec(["bash", "-c", "echo alive"])
     assert after.status == "ok" and after.stdout.strip() == "alive", after
 
