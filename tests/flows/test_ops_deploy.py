@@ -6,7 +6,6 @@ artifact are read back through the API; then headless Chromium opens the run in 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -62,7 +61,7 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
     require("bubblewrap", bwrap_missing())
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterKey, FlowRunFilter,
-                                                FlowRunFilterParentFlowRunId)
+                                                FlowRunFilterParentFlowRunId, LogFilter, LogFilterFlowRunId)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from tests.flows.test_ops_faults import tiny_config
@@ -97,12 +96,21 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
                     break
                 assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
                 time.sleep(2)
+            # The run's state turns final before its process has sent its last log lines (the stage
+            # summaries); the worker, and the flow-run process in its group, stay up until they are in.
+            logs = []
+            while time.monotonic() < deadline and not all(
+                    any(f"stage {s}: " in g.message for g in logs) for s in STAGES):
+                time.sleep(1)
+                logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
         finally:
             stop_process_group(worker)
             wlog.close()
         t_run = time.monotonic() - t0 - t_deploy
         assert fr.state.is_completed(), (fr.state, (tmp_path / "worker.log").read_text()[-3000:])
         assert fr.deployment_id == d.id and fr.parameters["config"] == str(cfg_path)
+        for s in STAGES:
+            assert any(f"stage {s}: " in g.message for g in logs), f"stage {s}'s log line never reached the API"
 
         children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
             parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
@@ -121,32 +129,35 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
     assert (run_dir / "analyze/mismatch.parquet").is_file()
     print(f"deploy {t_deploy:.1f} s, worker run {t_run:.1f} s")
 
-    # G. the flow run in the Prefect UI (headless Chromium)
-    chrome = shutil.which("chromium") or shutil.which("chromium-browser")
-    require("chromium", None if chrome else "chromium is not installed (run scripts/setup-chromium.sh)")
-    flags = [chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'chrome-profile'}", "--virtual-time-budget=15000",
-             "--window-size=1400,1000"]
-    page = f"{ui}/runs/flow-run/{run.id}"
+    # G. the flow run in the Prefect UI (headless Chromium through selenium). The page renders and
+    # then fetches the run's logs; on busy cores a one-shot --dump-dom came back before the app had
+    # rendered at all (CI), so the browser waits, up to two minutes, for every stage's log line.
+    require("chromium", chromium_missing())
+    SHOTS.mkdir(parents=True, exist_ok=True)
     shot = tmp_path / "flow-run.png"
-    r = subprocess.run([*flags, f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
-    assert shot.is_file() and shot.stat().st_size > 10_000, r.stderr[-2000:]
-    # The page fetches the run's logs after it renders: on busy cores a dump can come before
-    # them (seen once in a full run), so the page is read up to three times.
-    for _ in range(3):
-        dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
-        if all(f"stage {s}: " in dom for s in STAGES):
-            break
-    assert fr.name in dom
-    for s in STAGES:
-        assert f"stage {s}: " in dom, f"stage {s} not on the flow-run page"
-    (tmp_path / "flow-run.html").write_text(dom)
-    # the report artifact's own page: its key and the rendered markdown
-    art_dom = subprocess.run([*flags, "--dump-dom", f"{ui}/artifacts/key/harnessrl-report"], capture_output=True,
-                             text=True, timeout=120).stdout
-    (tmp_path / "artifact.html").write_text(art_dom)
-    assert "Artifact: harnessrl-report" in art_dom and f"harnessrl report of {run_dir}" in art_dom
+    driver = driver_for(tmp_path, 8000)  # tall: the log list renders only the rows in view
+    try:
+        driver.get(f"{ui}/runs/flow-run/{run.id}")
+        want = " && ".join(f"t.includes({f'stage {s}: '!r})" for s in STAGES)
+        seen = wait_js(driver, f"const t = document.documentElement.outerHTML; return {want} && t.includes({fr.name!r})",
+                       timeout_s=120.0)
+        dom = driver.page_source
+        driver.save_screenshot(str(shot))
+        (tmp_path / "flow-run.html").write_text(dom)
+        for s in STAGES:
+            assert f"stage {s}: " in dom, f"stage {s} not on the flow-run page"
+        assert seen and fr.name in dom
+        # the report artifact's own page: its key and the rendered markdown
+        driver.get(f"{ui}/artifacts/key/harnessrl-report")
+        title = f"harnessrl report of {run_dir}"
+        seen = wait_js(driver, f"const t = document.documentElement.outerHTML; return t.includes('Artifact: harnessrl-report')"
+                               f" && t.includes({title!r})", timeout_s=120.0)
+        art_dom = driver.page_source
+        (tmp_path / "artifact.html").write_text(art_dom)
+        assert seen and "Artifact: harnessrl-report" in art_dom and title in art_dom, art_dom[-2000:]
+    finally:
+        driver.quit()
+    assert shot.is_file() and shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
 
 
