@@ -129,18 +129,17 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
     assert (run_dir / "analyze/mismatch.parquet").is_file()
     print(f"deploy {t_deploy:.1f} s, worker run {t_run:.1f} s")
 
-    # G. the flow run in the Prefect UI (headless Chromium through selenium). The page renders and
-    # then fetches the run's logs; on busy cores a one-shot --dump-dom came back before the app had
-    # rendered at all (CI), so the browser waits, up to two minutes, for every stage's log line.
+    # G. the flow run in the Prefect UI (headless Chromium through selenium). The page renders, then
+    # fetches the run's logs: the browser waits, up to two minutes, for every stage's log line
+    # instead of reading the page once.
     require("chromium", chromium_missing())
-    SHOTS.mkdir(parents=True, exist_ok=True)
     shot = tmp_path / "flow-run.png"
-    driver = driver_for(tmp_path, 8000)  # tall: the log list renders only the rows in view
+    driver = driver_for(tmp_path, 8000)  # tall: the whole log list is in the screenshot
     try:
         driver.get(f"{ui}/runs/flow-run/{run.id}")
         want = " && ".join(f"t.includes({f'stage {s}: '!r})" for s in STAGES)
-        seen = wait_js(driver, f"const t = document.documentElement.outerHTML; return {want} && t.includes({fr.name!r})",
-                       timeout_s=120.0)
+        page = "const t = document.documentElement.outerHTML; return "
+        seen = wait_js(driver, f"{page}{want} && t.includes({fr.name!r})", timeout_s=120.0)
         dom = driver.page_source
         driver.save_screenshot(str(shot))
         (tmp_path / "flow-run.html").write_text(dom)
@@ -150,8 +149,8 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
         # the report artifact's own page: its key and the rendered markdown
         driver.get(f"{ui}/artifacts/key/harnessrl-report")
         title = f"harnessrl report of {run_dir}"
-        seen = wait_js(driver, f"const t = document.documentElement.outerHTML; return t.includes('Artifact: harnessrl-report')"
-                               f" && t.includes({title!r})", timeout_s=120.0)
+        seen = wait_js(driver, f"{page}t.includes('Artifact: harnessrl-report') && t.includes({title!r})",
+                       timeout_s=120.0)
         art_dom = driver.page_source
         (tmp_path / "artifact.html").write_text(art_dom)
         assert seen and "Artifact: harnessrl-report" in art_dom and title in art_dom, art_dom[-2000:]
