@@ -6,8 +6,9 @@ generated while the trainer trains).
 
 An iteration = 16 prompts x 8 samples x up to 64 tokens (reasoning-gym arithmetic under the
 ``direct`` harness), reward, one optimizer step on a LoRA adapter (r 16, all linear layers), KL
-off; sampling and training in float32 on every arm (bf16 merged syncs fail the sync canary). The first iteration of each arm is a warm-up and is not timed. Per arm it prints seconds per
-iteration and the phases the train stage records (sample, wait, sync, train), and samples/s.
+off; sampling and training in float32 on every arm (bf16 merged syncs fail the sync canary). The
+first iteration of each arm is a warm-up and is not timed. Per arm it prints seconds per iteration
+and the phases the train stage records (sample, wait, sync, train), and samples/s.
 
     .venv/bin/python benchmarks/online_iteration.py [--iters 4]
     .venv/bin/python benchmarks/online_iteration.py --smoke   # the tests' tiny model, hf arm only, seconds
