@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tasks.records.suites.terminal_bench import _parse_python  # the parse under the suite's lock (see _imports)
+from tasks.records.suites.terminal_bench import parse_python  # ast.parse under the suite's lock (see _imports)
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TB = REPO.parent / "shared" / "data" / "terminal-bench"
@@ -68,7 +68,7 @@ PASSING_TEST = "def test_always():\n    assert True\n"
 
 def _passing_copy(src: str) -> str:
     """A test file with the same test names as ``src``, every test a pass."""
-    names = [n.name for n in ast.walk(_parse_python(src)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    names = [n.name for n in ast.walk(parse_python(src)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
              and n.name.startswith("test")]
     return "".join(f"def {n}(*a, **k):\n    pass\n" for n in names) or PASSING_TEST
 
@@ -141,10 +141,10 @@ ATTEMPTS: tuple[Attempt, ...] = (
 
 
 def _imports(text: str) -> list[str]:
-    # _parse_python takes the suite's process-wide lock: CPython 3.11 fails two threads parsing at
+    # parse_python takes the suite's process-wide lock: CPython 3.11 fails two threads parsing at
     # once ("AST constructor recursion depth mismatch", python/cpython#106905); cells run 4 at a time
     out: list[str] = []
-    for n in ast.walk(_parse_python(text)):
+    for n in ast.walk(parse_python(text)):
         if isinstance(n, ast.Import):
             out += [a.name.split(".")[0] for a in n.names]
         elif isinstance(n, ast.ImportFrom) and n.module and not n.level:

@@ -135,8 +135,10 @@ _ABS_SOLUTION_RE = re.compile(r"(?<![\w.~/-])/(solution|oracle)\b")
 _AST_LOCK = threading.Lock()
 
 
-def _parse_python(src: str, filename: str = "<unknown>") -> ast.Module:
-    """`ast.parse(src, filename)` under a process-wide lock (see `_AST_LOCK`).
+def parse_python(src: str, filename: str = "<unknown>") -> ast.Module:
+    """`ast.parse(src, filename)` under a process-wide lock (see `_AST_LOCK`; python/cpython#106905).
+    Any code that parses Python from threads while tasks load (e.g. the grader battery's attack
+    helpers) parses through this function.
 
     Raises:
         SyntaxError: `src` is not valid Python.
@@ -419,7 +421,7 @@ def _read_tests(folder: Path) -> tuple[dict[str, bytes], list[dict[str, Any]]]:
         field = f"tests/{rel}"
         try:
             src = tests[rel].decode("utf-8")
-            tree = _parse_python(src, field)
+            tree = parse_python(src, field)
         except (UnicodeDecodeError, SyntaxError) as e:
             raise _err(folder, field, f"not valid Python: {e}") from None
         if _ABS_TESTS_RE.search(src):
@@ -799,7 +801,7 @@ def compute_test_lists(spec: dict[str, Any], workspace_files: dict[str, str], sa
         p2p = [t for t, ok in b.items() if ok]
         for r, f in zip(spec["run"], before["files"]):
             if f["collect_error"]:
-                f2p += [f"{r['src']}::{n}" for n in static_test_ids(_parse_python(spec["tests"][r["src"]]))]
+                f2p += [f"{r['src']}::{n}" for n in static_test_ids(parse_python(spec["tests"][r["src"]]))]
     return {"fail_to_pass": sorted(f2p), "pass_to_pass": sorted(p2p), "lists_oracle_checked": after is not None}
 
 
