@@ -86,7 +86,9 @@ class PolicyConfig(_Strict):
     ~1.35x faster than fp32 on this CPU; also the ``vllm`` engine's dtype); ``autocast_dtype`` is the trainer's autocast dtype
     (``float32`` disables autocast); the trainer's master weights are always fp32.
     ``engine`` picks the sampler (:mod:`tasks.rollout.engines`): ``hf`` (transformers, batches of
-    ``batch_size``), ``vllm`` (see ``vllm``), ``openai`` (a server, see ``openai``; the tokenizer
+    at most ``batch_size`` prompts of similar length; ``batch_overhead_tokens`` is what one more
+    batch costs in padded prompt tokens, :func:`tasks.rollout.policy.plan_batches`; the default
+    is the fastest arm of ``benchmarks/generate_batching.py`` for SmolLM2-135M on 2 CPU cores), ``vllm`` (see ``vllm``), ``openai`` (a server, see ``openai``; the tokenizer
     still comes from ``model``).
     """
 
@@ -96,6 +98,7 @@ class PolicyConfig(_Strict):
     rollout_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     autocast_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     batch_size: int = Field(default=64, gt=0)
+    batch_overhead_tokens: int = Field(default=4096, ge=0)
     cache_dir: str | None = None
     torch_threads: int | None = Field(default=None, gt=0)
     vllm: VLLMEngineConfig = Field(default_factory=VLLMEngineConfig)

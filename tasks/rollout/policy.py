@@ -1,7 +1,7 @@
 """Policy engines: generate completions and return token ids with the sampler's log-probs.
 
 ``hf``: transformers ``generate`` on the CPU or CUDA, weights in ``policy.rollout_dtype``,
-batched with left padding. Log-probs are read from the processed scores the sampler drew from
+batched with left padding, prompts of similar length together (:func:`plan_batches`). Log-probs are read from the processed scores the sampler drew from
 (temperature, top-k, top-p applied), so they equal :func:`tasks.train.logprobs.token_logprobs`
 on the same weights.
 """
@@ -75,14 +75,18 @@ class HFPolicy:
         return self
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
-        """Sample one completion per prompt (token-id lists), in batches of ``cfg.batch_size``.
+        """Sample one completion per prompt (token-id lists), returned in the prompts' order.
 
+        Prompts run in the batches :func:`plan_batches` cuts (at most ``cfg.batch_size`` rows,
+        similar lengths together); batch ``b`` of the plan samples under seed ``seed + b``.
         Deterministic for a given (weights, prompts, sampling, seed) on the CPU.
         """
-        out: list[Generation] = []
-        for b, start in enumerate(range(0, len(prompts), self.cfg.batch_size)):
-            out.extend(self._generate_batch(prompts[start:start + self.cfg.batch_size], sampling, seed + b))
-        return out
+        out: list[Generation | None] = [None] * len(prompts)
+        plan = plan_batches([len(p) for p in prompts], self.cfg.batch_size, self.cfg.batch_overhead_tokens)
+        for b, rows in enumerate(plan):
+            for i, g in zip(rows, self._generate_batch([prompts[i] for i in rows], sampling, seed + b)):
+                out[i] = g
+        return [g for g in out if g is not None]
 
     def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
         import torch
@@ -133,6 +137,50 @@ class HFPolicy:
             gens.append(Generation(token_ids=toks, logprobs=lps, finish_reason=finish,
                                    text=self.tokenizer.decode(toks, skip_special_tokens=True)))
         return gens
+
+
+def plan_batches(lengths: list[int], max_rows: int, overhead_tokens: int) -> list[list[int]]:
+    """Cut prompts into left-padded generation batches, similar lengths together.
+
+    A batch of ``r`` prompts, the longest ``w`` tokens, costs ``r * w`` padded prompt tokens in
+    prefill and in every decode step's attention, plus a fixed cost per batch (one more decode
+    loop of ``max_new_tokens`` steps) worth ``overhead_tokens`` padded tokens. The prompts are
+    sorted by length (ties by position) and cut into contiguous runs of at most ``max_rows``
+    that minimise ``sum(r * w) + overhead_tokens * batches``, exactly (dynamic programming,
+    O(n * max_rows)). Why: one long prompt in a batch of short ones pads every row to its length
+    (a multi-turn episode with a 600-character observation made 27 turn-2 prompts of 109-259
+    tokens pad to 764: 4.3x the real tokens).
+
+    Args:
+        lengths: ``[n]`` prompt lengths in tokens, in the caller's order.
+        max_rows: most prompts per batch (``policy.batch_size``), >= 1.
+        overhead_tokens: the fixed cost of one batch in padded prompt tokens, >= 0 (0: every
+            distinct length its own batch; a large value: batches of ``max_rows`` in length order).
+
+    Returns:
+        The batches, each a list of indices into ``lengths``, in ascending length; every index
+        exactly once. Deterministic.
+
+    Raises:
+        ValueError: ``max_rows`` < 1 or ``overhead_tokens`` < 0.
+    """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    if overhead_tokens < 0:
+        raise ValueError(f"overhead_tokens must be >= 0, got {overhead_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    n = len(order)
+    best = [0] + [0] * n  # best[j]: least cost of the first j sorted prompts
+    cut = [0] * (n + 1)   # cut[j]: where the last batch of that plan starts
+    for j in range(1, n + 1):
+        width = lengths[order[j - 1]]
+        best[j], cut[j] = min((best[i] + (j - i) * width + overhead_tokens, i)
+                              for i in range(max(0, j - max_rows), j))
+    plan, j = [], n
+    while j > 0:
+        plan.append(order[cut[j]:j])
+        j = cut[j]
+    return plan[::-1]
 
 
 class _LogprobRecorder:

@@ -182,3 +182,18 @@ def test_learning(tmp_path):
     assert times == sorted(times) and times[0] > 0
     assert all(0.0 <= p <= 1.0 for _, p in row["curves"]["ours"])
     assert row["ours_iterations"] >= 1 and row["ours_samples_per_s"] > 0
+
+
+def test_generate_batching(tmp_path):
+    row = run_smoke("generate_batching", tmp_path)
+    assert row["prompts"] == [6] and row["real_prompt_tokens"] == 5 + 6 + 7 + 8 + 9 + 40
+    # arrival order: [5, 6, 7, 8] padded to 8, [9, 40] to 40
+    assert row["arrival_batches"] == 2 and row["arrival_padded_tokens"] == 4 * 8 + 2 * 40
+    # overhead 0: every length alone, no padding; 16: [5, 6] [7, 8, 9] [40], cost 12 + 27 + 40 + 3 x 16
+    # = 127, the least (ties [5, 6, 7] [8, 9] [40]: the earlier cut wins)
+    assert row["plan@0_batches"] == 6 and row["plan@0_padded_tokens"] == row["real_prompt_tokens"]
+    assert row["plan@16_batches"] == 3 and row["plan@16_padded_tokens"] == 2 * 6 + 3 * 9 + 40
+    # the speedup is taken from unrounded times; the row's seconds are rounded to ms
+    assert row["arrival_s"] > 0
+    assert row["plan@16_speedup"] == pytest.approx(row["arrival_s"] / row["plan@16_s"], rel=0.05)
+    assert row["batch_loop_s"] > 0
