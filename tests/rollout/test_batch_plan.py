@@ -50,6 +50,13 @@ def test_plan_is_the_least_cost_cover(max_rows, overhead, seed):
     assert plan == plan_batches(lengths, max_rows, overhead)  # deterministic
 
 
+def test_rows_keep_the_prompts_order():
+    # sorted by length to cut, but each batch lists its prompts as the caller gave them: one batch
+    # is the unplanned batch, row for row (the sampler's draws depend on the row)
+    assert plan_batches([30, 5, 20, 6], 4, 10**6) == [[0, 1, 2, 3]]
+    assert plan_batches([30, 5, 20, 6], 2, 10) == [[1, 3], [0, 2]]  # 12 + 60 + 2 x 10 = 92, the least
+
+
 def test_ties_keep_arrival_order_and_empty_input():
     assert plan_batches([7, 7, 7], 2, 100) == [[0], [1, 2]]
     assert plan_batches([], 4, 10) == []
