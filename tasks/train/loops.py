@@ -141,6 +141,7 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
             batch = trainer.new_batch(seqs, epoch=st["epoch"], dropped=dropped,
                                       layout_seed=seed_from(cfg.seed, "minibatch", st["epoch"], 0))
             batch.old, batch.old_version, batch.mismatch = st["old"], st["old_version"], st["mismatch"]
+            batch.deferred, batch.ref_deferred = set(), False  # the state's old log-probs are complete
     barrier(trainer.dist)  # every rank has read the state before rank 0 may rewrite it
     done_here = 0
     with progress("train steps", total - trainer.version, "steps") as advance:

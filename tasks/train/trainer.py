@@ -84,6 +84,12 @@ class Batch:
         epoch: the frozen epoch or online iteration the batch belongs to.
         sync_diff: the sync canary's max |logp diff| of the weights that sampled it (NaN: none).
         layout: the mini-batches of the batch's first pass (sequence indices).
+        deferred: sequences whose old log-probs (and reference ones, when the current policy is
+            the reference) are those of their first step's own forward pass, detached: the first
+            mini-batch of a batch is trained at the version that fixed the batch, so a separate
+            no-grad pass would compute the same numbers again (TRL's GRPO does the same with one
+            iteration per batch). Filled into ``old``/``ref`` by that step.
+        ref_deferred: whether ``deferred`` also covers ``ref``.
     """
 
     seqs: list[TrainSequence]
@@ -98,6 +104,8 @@ class Batch:
     epoch: int = 0
     sync_diff: float = float("nan")
     layout: list[list[int]] = field(default_factory=list)
+    deferred: set[int] = field(default_factory=set)
+    ref_deferred: bool = False
 
 
 def _stack(per_seq: dict[int, Any], idx: list[int], width: int) -> Any:
@@ -259,7 +267,6 @@ class Trainer:
 
         from tasks.train.batches import minibatches
         from tasks.train.distributed import gather_dict
-        from tasks.train.losses import masked
 
         tc, kl_cfg = self.tc, self.tc.kl
         if not seqs:
@@ -275,9 +282,22 @@ class Trainer:
         recompute = tc.old_source == "recompute"
         old: dict[int, Any] = {}
         ref: dict[int, Any] = dict(ref_cache or {})
+        # the first mini-batch that trains takes its old log-probs from its own step (Batch.deferred);
+        # not under several processes (each rank would hold only its share) nor with KL in the
+        # reward (its advantages need the log-probs before the step's forward)
+        can_defer = (recompute and self.dist.world_size == 1
+                     and not (kl_on and kl_cfg.placement in ("reward", "both")))
+        deferred: set[int] = set()
+        ref_deferred = False
         for idx in layout:
             todo = self._active(idx, static, kl_on)
             if not todo:
+                continue
+            if can_defer and not deferred:
+                deferred = set(todo)
+                ref_deferred = kl_on and self._ref_is_current() and any(i not in ref for i in todo)
+                missing = [i for i in todo if i not in ref] if kl_on and not ref_deferred else []
+                ref.update(self.passes(seqs, missing, "reference") if missing else {})
                 continue
             mine = self.share(plan, seqs, todo)  # the sequences this rank's step will train on, same shapes
             cur = self.passes(seqs, mine, "policy") if (recompute or (kl_on and self._ref_is_current())) else {}
@@ -288,21 +308,31 @@ class Trainer:
             ref.update(new_ref)
             for i in todo:
                 old[i] = cur[i] if recompute else torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
-        mismatch = None
-        if recompute and old and all(seqs[i].policy_version == self.version for i in old):
-            diffs = []
-            for i in old:
-                m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
-                beh = torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
-                diffs.append(masked(old[i] - beh, m).abs()[m.bool()])
-            d = torch.cat(diffs)
-            mismatch = {"mean": float(d.mean()), "max": float(d.max())} if d.numel() else None
+        mismatch = None if deferred else self._mismatch(seqs, old) if recompute else None
         n_sig = int((static != 0).sum())
         self.log(f"train: batch of {len(seqs)} sequences in {len(plan.groups)} groups at policy version "
                  f"{self.version}, {n_sig} with a task-reward signal; dropped {dropped or {}}")
         return Batch(seqs=seqs, rewards=rewards, plan=plan, old=old, ref=ref,
                      old_version=self.version if recompute else None, static_adv=static, dropped=dict(dropped or {}),
-                     mismatch=mismatch, epoch=epoch, sync_diff=sync_diff, layout=layout)
+                     mismatch=mismatch, epoch=epoch, sync_diff=sync_diff, layout=layout, deferred=deferred,
+                     ref_deferred=ref_deferred)
+
+    def _mismatch(self, seqs: list[TrainSequence], old: dict[int, Any]) -> dict[str, float] | None:
+        """``{"mean", "max"}`` of |old - sampler log-prob| over the policy tokens of ``old``'s
+        sequences, when every one was sampled at the current version; else None."""
+        import torch
+
+        from tasks.train.losses import masked
+
+        if not old or any(seqs[i].policy_version != self.version for i in old):
+            return None
+        diffs = []
+        for i in old:
+            m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
+            beh = torch.tensor(seqs[i].behaviour_logp[1:], dtype=torch.float32)
+            diffs.append(masked(old[i] - beh, m).abs()[m.bool()])
+        d = torch.cat(diffs)
+        return {"mean": float(d.mean()), "max": float(d.max())} if d.numel() else None
 
     @staticmethod
     def _active(idx: list[int], static_adv: Any, kl_on: bool) -> list[int]:
@@ -375,14 +405,27 @@ class Trainer:
             ids, attn, mask, _ = pad_batch(seqs, active[:1], self.pad_id)
             logp, _ = self._forward(ids, attn, mask, seqs[active[0]].sampling_key, False, {})
             (logp.sum() * 0.0).backward()
+        had_deferred = bool(b.deferred)
         for n_mb, mb in enumerate(mbs):
             ids, attn, mask, blogp = pad_batch(seqs, mb, self.pad_id)
-            old_lp = _stack(b.old, mb, mask.shape[1])
-            ref_lp = _stack(b.ref, mb, mask.shape[1]) if b.ref else None
+            defer = [i for i in mb if i in b.deferred]
+            if defer and (len(defer) != len(mb) or self.version != b.old_version):
+                raise RuntimeError(f"train step {self.version + 1}: the batch's first mini-batch must be trained first, "
+                                   f"at version {b.old_version}")
+            old_lp = None if defer else _stack(b.old, mb, mask.shape[1])
+            ref_lp = None if defer and b.ref_deferred else _stack(b.ref, mb, mask.shape[1]) if b.ref or b.ref_deferred else None
             # DDP all-reduces at the backward of this rank's last micro-batch only
             sync = self.ddp is None or n_mb == len(mbs) - 1
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 logp, ent = self._forward(ids, attn, mask, seqs[mb[0]].sampling_key, True, self._prefix_kw(seqs, mb))
+                if defer:  # this forward is the old policy's (Batch.deferred): its values, detached
+                    old_lp = logp.detach()
+                    ref_lp = old_lp if b.ref_deferred else ref_lp
+                    for r, i in enumerate(mb):
+                        b.old[i] = old_lp[r, : len(seqs[i].ids) - 1].clone()
+                        if b.ref_deferred:
+                            b.ref[i] = b.old[i]
+                    b.deferred.difference_update(mb)
                 weights = truncated_is_weights(old_lp, blogp, mask, tc.tis_cap, self.level) if tc.tis_cap else None
                 pg, met = policy_loss(logp, old_lp, torch.stack([adv_of[i] for i in mb]), mask, level=self.level,
                                       clip_low=tc.clip_low, clip_high=tc.clip_high, agg=tc.agg, max_len=tc.max_len,
@@ -408,6 +451,8 @@ class Trainer:
                 d = (logp.detach() - blogp).abs()[mask.bool()]
                 mis_sum, mis_n = mis_sum + float(d.sum()), mis_n + d.numel()
                 mis_max = max(mis_max, float(d.max())) if d.numel() else mis_max
+        if had_deferred and not b.deferred and b.mismatch is None and b.old_version is not None:
+            b.mismatch = self._mismatch(seqs, b.old)
         if self.ddp is not None:  # the whole mini-batch's sums, minima and maxima on every rank
             tot, seen, r_sum, mis_sum, mis_n, r_min, r_max, mis_max = self._reduce_metrics(
                 tot, seen, r_sum, mis_sum, mis_n, r_min, r_max, mis_max)

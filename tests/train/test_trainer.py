@@ -77,6 +77,33 @@ def test_ppo_epochs_reuse_the_epochs_old_logprobs(tiny_model_dir, tmp_path):
     assert all(r["ratio_min"] == r["ratio_max"] == 1.0 for r in fresh.steps)  # each epoch re-fixes old
 
 
+def test_first_mini_batch_takes_its_old_logprobs_from_its_own_step(tiny_model_dir):
+    # the first mini-batch is trained at the version that fixed the batch: no separate no-grad
+    # pass over it, and the old (and, at version 0, reference) log-probs its step records are the
+    # ones that pass would have given
+    cfg = _cfg(tiny_model_dir, batch_size=1, kl={"estimator": "k3", "placement": "loss", "beta": 0.1})
+    tr = Trainer(cfg, tiny_model_dir, log=_quiet)
+    seqs = _seqs(n=12, group=3)
+    calls, passes = [], tr.passes
+    tr.passes = lambda s, idx, which: (calls.append(set(idx)), passes(s, idx, which))[1]
+    b = tr.new_batch(seqs)
+    first, second = b.layout[0], b.layout[1]
+    assert b.deferred == set(first) and b.ref_deferred and calls
+    assert not any(c & set(first) for c in calls)
+    expect = passes(seqs, first, "policy")
+    row, _ = tr.step(b, first)
+    assert row["ratio_min"] == row["ratio_max"] == 1.0 and not b.deferred
+    for i in first:
+        assert torch.equal(b.old[i], expect[i]) and torch.equal(b.ref[i], expect[i])
+    assert b.mismatch is not None and row["logp_mismatch_mean"] == b.mismatch["mean"] > 0
+    row2, _ = tr.step(b, second)
+    assert row2["logp_mismatch_mean"] == row["logp_mismatch_mean"]  # the batch's, at its sampling version
+    late = tr.new_batch(seqs)
+    tr.step(late, late.layout[1])
+    with pytest.raises(RuntimeError, match="first mini-batch must be trained first"):
+        tr.step(late, late.layout[0])  # its old log-probs would be the next version's
+
+
 def test_gspo_clip_acts_from_the_second_mini_batch_of_an_epoch(tiny_model_dir, tmp_path):
     # the P6 shape: GSPO, clip 3e-4 / 4e-4, one epoch of several mini-batches
     seqs = _seqs(n=12, group=3)  # 4 groups
