@@ -413,7 +413,7 @@ class Trainer:
                 raise RuntimeError(f"train step {self.version + 1}: the batch's first mini-batch must be trained first, "
                                    f"at version {b.old_version}")
             old_lp = None if defer else _stack(b.old, mb, mask.shape[1])
-            ref_lp = None if defer and b.ref_deferred else _stack(b.ref, mb, mask.shape[1]) if b.ref or b.ref_deferred else None
+            ref_lp = _stack(b.ref, mb, mask.shape[1]) if b.ref and not (defer and b.ref_deferred) else None
             # DDP all-reduces at the backward of this rank's last micro-batch only
             sync = self.ddp is None or n_mb == len(mbs) - 1
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
@@ -451,7 +451,7 @@ class Trainer:
                 d = (logp.detach() - blogp).abs()[mask.bool()]
                 mis_sum, mis_n = mis_sum + float(d.sum()), mis_n + d.numel()
                 mis_max = max(mis_max, float(d.max())) if d.numel() else mis_max
-        if had_deferred and not b.deferred and b.mismatch is None and b.old_version is not None:
+        if had_deferred and not b.deferred and b.mismatch is None:  # the whole batch's, now that old is complete
             b.mismatch = self._mismatch(seqs, b.old)
         if self.ddp is not None:  # the whole mini-batch's sums, minima and maxima on every rank
             tot, seen, r_sum, mis_sum, mis_n, r_min, r_max, mis_max = self._reduce_metrics(
