@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -64,6 +65,8 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
         unit: the units' name in log lines (``shards``, ``steps``, ``episodes``).
         log_every_s: seconds between log lines (a line is always written at the end).
 
+    ``advance`` may be called from several threads (the thread runner's shards).
+
     Raises:
         ValueError: ``total`` < 0.
     """
@@ -71,6 +74,7 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
         raise ValueError(f"progress {desc!r}: total={total} must be >= 0")
     logger = run_logger()
     done = [0]
+    lock = threading.Lock()
     t0 = last = time.monotonic()
     bar = None
     task_id = None
@@ -95,13 +99,14 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
 
     def advance(n: int = 1) -> None:
         nonlocal last
-        done[0] += n
-        if bar is not None:
-            bar.update(task_id, advance=n)
-        now = time.monotonic()
-        if now - last >= log_every_s and done[0] < total:
-            last = now
-            logger.info("%s: %d/%d %s (%.0f s)", desc, done[0], total, unit, now - t0)
+        with lock:
+            done[0] += n
+            if bar is not None:
+                bar.update(task_id, advance=n)
+            now = time.monotonic()
+            if now - last >= log_every_s and done[0] < total:
+                last = now
+                logger.info("%s: %d/%d %s (%.0f s)", desc, done[0], total, unit, now - t0)
 
     try:
         yield advance

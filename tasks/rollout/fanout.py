@@ -44,7 +44,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tasks.config import RolloutConfig, RunConfig, SandboxConfig
 from tasks.harnesses.spec import HarnessSpec
@@ -237,11 +237,12 @@ class ShardInput:
     torch_threads: int
 
 
-def run_shard(inp: ShardInput, policy: Any) -> dict[str, Any]:
+def run_shard(inp: ShardInput, policy: Any, on_turns: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Run one shard: ``run_episodes`` over its jobs with the harness's engine seed.
 
     ``policy`` is a :class:`PolicySource` (loaded through this process's cache) or a policy
-    object. Returns ``{"policy_id": str, "episodes": [...], "turns": [...]}`` as ``run_episodes``
+    object; ``on_turns`` is passed to ``run_episodes`` (its turn slots add up to
+    :func:`turn_slots` of the shard). Returns ``{"policy_id": str, "episodes": [...], "turns": [...]}`` as ``run_episodes``
     returns them.
 
     What this needs from ``run_episodes(policy, spec, jobs, sandbox_cfg, seed=)``:
@@ -263,8 +264,13 @@ def run_shard(inp: ShardInput, policy: Any) -> dict[str, Any]:
 
     jobs = episode_jobs(inp.records, inp.tasks, inp.shard.samples, inp.seed, inp.tag, policy.policy_id)
     eps, turns = run_episodes(policy, inp.spec, jobs, inp.sandbox,
-                              seed=seed_from(inp.seed, inp.tag, inp.shard.harness_id))
+                              seed=seed_from(inp.seed, inp.tag, inp.shard.harness_id), on_turns=on_turns)
     return {"policy_id": policy.policy_id, "episodes": eps, "turns": turns}
+
+
+def turn_slots(inp: ShardInput) -> int:
+    """A shard's progress units: ``spec.max_turns`` per episode (see ``run_episodes``)."""
+    return inp.shard.episodes * inp.spec.max_turns
 
 
 def pin_torch_threads(n: int) -> None:
@@ -287,10 +293,10 @@ def _shard_task() -> Any:
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
-    def rollout_shard(inp: ShardInput, policy: Any) -> dict[str, Any]:
+    def rollout_shard(inp: ShardInput, policy: Any, on_turns: Callable[[int], None] | None = None) -> dict[str, Any]:
         if isinstance(policy, PolicySource):
             policy = cached_policy(policy)
-        return run_shard(inp, _SharedPolicy(policy))
+        return run_shard(inp, _SharedPolicy(policy), on_turns)
 
     return task(rollout_shard, name="rollout-shard", task_run_name="rollout-shard-{inp.shard.index}",
                 cache_policy=NO_CACHE, persist_result=False, retries=0)
@@ -359,17 +365,23 @@ def iter_fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> It
         ValueError: a policy object with the ``dask`` or ``ray`` runner.
         ShardError: a shard failed; the first failure in shard order, naming it.
     """
-    from tasks.progress import progress
+    from tasks.progress import progress, run_logger
 
-    total = sum(inp.shard.episodes for inp in inputs)
+    # the bar counts turn slots (max_turns per episode, an episode that ends early frees the rest),
+    # turn by turn on the in-process runners, shard by shard where shards run in other processes
+    total = sum(turn_slots(inp) for inp in inputs)
+    n_eps = sum(inp.shard.episodes for inp in inputs)
+    tag = inputs[0].tag if inputs else "rollout"
     if rc.task_runner == "serial":
-        with progress(f"episodes ({len(inputs)} shards, serial)", total, "episodes") as advance:
+        run_logger().info("%s: %d episodes in %d shards (serial)", tag, n_eps, len(inputs))
+        with progress(f"{tag}: {n_eps} episodes", total, "turn slots") as advance:
             for inp in inputs:
+                used = _Counted(advance)
                 try:
-                    res = run_shard(inp, policy)
+                    res = run_shard(inp, policy, used)
                 except Exception as e:
                     raise ShardError(f"rollout {inp.shard.label} failed (runner serial): {type(e).__name__}: {e}") from e
-                advance(inp.shard.episodes)
+                advance(turn_slots(inp) - used.n)
                 yield res
         return
     if rc.task_runner != "thread" and not isinstance(policy, PolicySource):
@@ -378,22 +390,36 @@ def iter_fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> It
                          "(use task_runner 'thread' or 'serial')")
     shard_task = _shard_task()
     where = _where(rc)
-    with _shared_api(rc), _task_runner(rc) as runner:
-        futures = [runner.submit(shard_task, {"inp": inp, "policy": policy}) for inp in inputs]
-        with progress(f"episodes ({len(inputs)} shards, {where})", total, "episodes") as advance:
-            for inp, fut in zip(inputs, futures):
-                try:
-                    res = fut.result()
-                except Exception as e:
-                    raise ShardError(f"rollout {inp.shard.label} failed (runner {where}): {type(e).__name__}: {e}") from e
-                advance(inp.shard.episodes)
-                yield res
+    run_logger().info("%s: %d episodes in %d shards (%s)", tag, n_eps, len(inputs), where)
+    with progress(f"{tag}: {n_eps} episodes", total, "turn slots") as advance, \
+            _shared_api(rc), _task_runner(rc) as runner:
+        counters = [_Counted(advance) if rc.task_runner == "thread" else None for _ in inputs]
+        futures = [runner.submit(shard_task, {"inp": inp, "policy": policy, "on_turns": c})
+                   for inp, c in zip(inputs, counters)]
+        for inp, fut, used in zip(inputs, futures, counters):
+            try:
+                res = fut.result()
+            except Exception as e:
+                raise ShardError(f"rollout {inp.shard.label} failed (runner {where}): {type(e).__name__}: {e}") from e
+            advance(turn_slots(inp) - (used.n if used is not None else 0))
+            yield res
+
+
+class _Counted:
+    """``advance`` that also counts what it was given (a shard's slots so far)."""
+
+    def __init__(self, advance: Callable[[int], None]) -> None:
+        self.advance, self.n = advance, 0
+
+    def __call__(self, n: int) -> None:
+        self.n += n
+        self.advance(n)
 
 
 def _where(rc: RolloutConfig) -> str:
-    """The runner as error messages and progress bars name it."""
+    """The runner as error messages and log lines name it."""
     if rc.task_runner == "dask" and rc.dask_address:
         return f"dask at {rc.dask_address}"
     if rc.task_runner == "ray" and rc.ray_address:
         return f"ray at {rc.ray_address}"
-    return f"{rc.task_runner}, {rc.workers} workers"
+    return f"{rc.task_runner}, {rc.workers} worker{'s' if rc.workers != 1 else ''}"

@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from schemas.faults import fault_point
 from tasks.config import SandboxConfig
@@ -325,8 +325,14 @@ def _finish_workspace(ep: _Episode, spec: HarnessSpec) -> None:
 
 
 def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sandbox_cfg: SandboxConfig,
-                 *, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                 *, seed: int, on_turns: Callable[[int], None] | None = None
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``jobs`` (all under harness ``spec``) to completion.
+
+    Progress: ``on_turns(n)``, when given, is called after each turn's batch with the number of
+    turn slots it used up, where every episode has ``spec.max_turns`` slots: one per episode that
+    took the turn, plus the slots left to each episode that ended (or could not start). Over a
+    call the counts add up to exactly ``len(jobs) * spec.max_turns``.
 
     Seeding: turn t's batch is sampled with ``seed_from(seed, harness_id, t, ids of the episodes
     still running)``, so the same jobs in the same order give the same tokens.
@@ -364,6 +370,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 e.prompt = e.prompt or chat.initial(spec.render_system(), e.job.task["instruction"])
 
         list(pool.map(start, eps))
+        report = on_turns or (lambda n: None)
         # the context budget: the spec's, capped by what the policy's model can hold
         limits = [x for x in (spec.context.max_context_tokens, getattr(policy, "max_model_len", None)) if x]
         limit = min(limits) if limits else None
@@ -372,6 +379,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 e.status, e.done = "infra_error", True
                 e.error = (f"the first prompt ({len(e.prompt)} tokens) + max_new_tokens "
                            f"({spec.sampling.max_new_tokens}) exceeds the context budget of {limit} tokens")
+        report(spec.max_turns * sum(e.done for e in eps))
         for turn in range(spec.max_turns):
             active = [e for e in eps if not e.done]
             if not active:
@@ -420,6 +428,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                         e.prompt = new_prompt
                         e.prompt_cols = next_turn(cont)
                 row["read_spans"] = canonical_json(spans)
+            report(len(active) + (spec.max_turns - turn - 1) * sum(e.done for e in active))
 
         def finish(e: _Episode) -> dict[str, Any]:
             reward = 0.0

@@ -47,9 +47,14 @@ def test_react_episode_runs_code_observes_and_is_graded(tiny_model_dir, task_and
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     spec = load_harness("react-python")
     pol = ScriptedPolicy(tok, [f"Let me compute.\n```python\nprint({answer} * 1)\n```", f"Answer: {answer}"])
-    eps, turns = run_episodes(pol, spec, [EpisodeJob("ep0", rec, task, 0, 0)], SandboxConfig(), seed=0)
+    slots: list[int] = []
+    eps, turns = run_episodes(pol, spec, [EpisodeJob("ep0", rec, task, 0, 0)], SandboxConfig(), seed=0,
+                              on_turns=slots.append)
     ep = eps[0]
     assert (ep["status"], ep["reward"], ep["success"], ep["num_turns"], ep["final_answer"]) == ("ok", 1.0, True, 2, answer)
+    # progress in turn slots (max_turns 3): none before turn 0, one for turn 0, then turn 1 and the
+    # one slot the submitted episode no longer needs
+    assert slots == [0, 1, 2] and sum(slots) == spec.max_turns
     t0, t1 = turns
     assert str(int(float(answer))) in t0["observation"]
     assert t0["observation"].endswith("(2 turns left)")  # max_turns 3, one used
