@@ -385,14 +385,17 @@ class ArtifactStore:
         """:meth:`read` as a list of row dicts."""
         return self.read(ref, **kw).to_pylist()
 
-    def rows_where(self, ref: ArtifactRef, column: str, values: Iterable[Any]) -> list[dict[str, Any]]:
+    def rows_where(self, ref: ArtifactRef, column: str, values: Iterable[Any],
+                   columns: list[str] | None = None) -> list[dict[str, Any]]:
         """The rows of an artifact whose ``column`` is in ``values``, read row group by row group
         after the file's SHA-256 is checked against ``ref`` (memory holds the file's bytes and one
         row group as Arrow, never the whole artifact as rows). The schema and expectations were
-        checked when the artifact was written or streamed.
+        checked when the artifact was written or streamed. ``columns``: only these columns are
+        decoded and returned (``column`` is read for the filter either way); None: all.
 
         Raises:
-            ArtifactError: missing file, SHA-256 different from the ref, or ``column`` not in it.
+            ArtifactError: missing file, SHA-256 different from the ref, or ``column`` (or one of
+                ``columns``) not in it.
         """
         import pyarrow.compute as pc
 
@@ -401,13 +404,16 @@ class ArtifactStore:
             raise ArtifactError(f"{self.url}/{ref.path}: SHA-256 differs from the recorded {ref.sha256[:16]}...; "
                                 "the file changed after it was written (rerun the stage with --from)")
         pf = pq.ParquetFile(pa.BufferReader(data))
-        if column not in pf.schema_arrow.names:
-            raise ArtifactError(f"{ref.path}: no column {column!r}")
+        for c in [column, *(columns or [])]:
+            if c not in pf.schema_arrow.names:
+                raise ArtifactError(f"{ref.path}: no column {c!r}")
         want = pa.array(sorted(set(values)), type=pf.schema_arrow.field(column).type)
+        read = None if columns is None else list(dict.fromkeys([column, *columns]))
         out: list[dict[str, Any]] = []
         for i in range(pf.num_row_groups):
-            t = pf.read_row_group(i)
-            out += t.filter(pc.is_in(t[column], value_set=want)).to_pylist()
+            t = pf.read_row_group(i, columns=read)
+            t = t.filter(pc.is_in(t[column], value_set=want))
+            out += (t if columns is None else t.select(columns)).to_pylist()
         return out
 
 

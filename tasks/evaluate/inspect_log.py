@@ -44,6 +44,8 @@ from tasks.evaluate.stats import GRADED, final_attempts
 TurnSource = Union[list[dict[str, Any]], Callable[[set[str]], list[dict[str, Any]]]]
 
 INSPECT_DIR = "evaluate/inspect"
+# the turns columns a log is built from (``_messages``)
+TURN_COLUMNS = ("episode_id", "turn_idx", "completion_text", "observation")
 SCORER = "harnessrl_verifier"
 
 

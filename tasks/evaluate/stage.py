@@ -171,6 +171,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
             whose episode is no sealed attempt.
     """
     from tasks.evaluate.exports import write_exports
+    from tasks.evaluate.inspect_log import TURN_COLUMNS
     from tasks.evaluate.stats import cell_table, contrast_table
 
     runner = episode_runner or iter_records
@@ -297,7 +298,8 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                      " (held out)" if c["held_out"] else "", c["graded"], c["planned"], c["infra_errors"],
                      "n/a" if c["pass_at_1"] is None else f"{c['pass_at_1']:.3f}")
     # the Inspect logs read each (checkpoint, harness)'s turns back from the committed artifact
-    turns_of = functools.partial(store.rows_where, turns_ref, "episode_id")
+    # an Inspect log needs each turn's text only: the token-id columns are never decoded
+    turns_of = functools.partial(store.rows_where, turns_ref, "episode_id", columns=list(TURN_COLUMNS))
     write_exports(store, cfg.name, plan, ph, sealed, cells, turns_of, task_by_id,
                   {s.name: s.render_system() for s in specs.values()})
     tick("exports")

@@ -127,6 +127,22 @@ def test_stream_is_byte_identical_to_one_write_whatever_the_batches(tmp_path, mo
     assert not store.stray_temp_files("b")
 
 
+def test_rows_where_filters_across_row_groups_and_projects_columns(tmp_path, monkeypatch):
+    import schemas.store as st
+
+    monkeypatch.setattr(st, "ROW_GROUP_ROWS", 100)  # 4 row groups: the filter runs on each
+    rows = _turn_rows(350)
+    store = ArtifactStore(tmp_path)
+    ref = store.write("a", "turns", rows, config_hash="c")
+    ids = {rows[5]["episode_id"], rows[250]["episode_id"]}
+    full = store.rows_where(ref, "episode_id", ids)
+    assert full == [r for r in store.rows(ref) if r["episode_id"] in ids] and len(full) == 6
+    slim = store.rows_where(ref, "episode_id", ids, columns=["turn_idx", "completion_text"])
+    assert slim == [{"turn_idx": r["turn_idx"], "completion_text": r["completion_text"]} for r in full]
+    with pytest.raises(ArtifactError, match="no column 'nope'"):
+        store.rows_where(ref, "episode_id", ids, columns=["nope"])
+
+
 def test_stream_refuses_a_key_repeated_across_batches_and_leaves_nothing(tmp_path, monkeypatch):
     import schemas.store as st
 
