@@ -242,8 +242,8 @@ def run_shard(inp: ShardInput, policy: Any, on_turns: Callable[[int], None] | No
 
     ``policy`` is a :class:`PolicySource` (loaded through this process's cache) or a policy
     object; ``on_turns`` is passed to ``run_episodes`` (its turn slots add up to
-    :func:`turn_slots` of the shard). Returns ``{"policy_id": str, "episodes": [...], "turns": [...]}`` as ``run_episodes``
-    returns them.
+    :func:`turn_slots` of the shard). Returns ``{"policy_id": str, "episodes": [...], "turns":
+    [...]}`` as ``run_episodes`` returns them.
 
     What this needs from ``run_episodes(policy, spec, jobs, sandbox_cfg, seed=)``:
 

@@ -96,6 +96,30 @@ def test_thread_runner_matches_serial(tiny_model_dir, frozen, serial_sharded, pr
     assert [e["record"]["record_id"] for e in eps] == [e["record"]["record_id"] for e in serial_sharded[0]]
 
 
+def test_the_thread_runner_reports_progress_turn_by_turn(tiny_model_dir, frozen, prefect_harness, monkeypatch):
+    """The bar counts turn slots (max_turns per episode) and moves within a shard, not only when
+    a shard ends: more advances than shards, adding up to exactly every episode's slots."""
+    import contextlib
+
+    import tasks.progress
+
+    calls: list[tuple[str, int]] = []
+
+    @contextlib.contextmanager
+    def recording(desc, total, unit="items", log_every_s=10.0):
+        calls.append((desc, total))
+        yield lambda n=1: calls.append(("advance", n))
+
+    monkeypatch.setattr(tasks.progress, "progress", recording)
+    _, specs, records = frozen
+    eps, _ = _run(tiny_model_dir, frozen, task_runner="thread", workers=1)  # one shard per harness
+    slots = sum(SAMPLES * specs[r["harness_id"]].max_turns for r in records)
+    assert calls[0] == (f"{TAG}: {len(eps)} episodes", slots)
+    advances = [n for what, n in calls[1:] if what == "advance"]
+    assert sum(advances) == slots
+    assert sum(1 for n in advances if n > 0) > 2  # 2 shards: a per-shard bar would advance twice
+
+
 @pytest.fixture(scope="module")
 def dask_cluster():
     """A real local Dask cluster of 2 worker processes, made the default client so that the
