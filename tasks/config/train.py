@@ -44,9 +44,12 @@ class DistributedConfig(_Strict):
     one-process gradient of the whole mini-batch. ``backend``: ``gloo`` (CPU or CUDA) or ``nccl``
     (CUDA only: needs ``policy.device: cuda``). The train stage starts the processes itself with
     torch's launcher, or joins the process group of ``torchrun`` when started under it (the
-    ``RANK`` / ``WORLD_SIZE`` environment). ``fsdp`` (sharding the base weights) is not built and
-    is refused. How a stage runs, not what it computes: left out of the cache keys (results agree
-    with one process to float rounding).
+    ``RANK`` / ``WORLD_SIZE`` environment). ``fsdp``: shard the frozen base weights over the
+    processes (torch FSDP2, one unit per decoder layer) instead of replicating them (DDP), for a
+    base model that does not fit one device; the LoRA adapter stays replicated and its gradients
+    are averaged as under DDP (:func:`tasks.train.distributed.shard_base_weights`). How a stage
+    runs, not what it computes: left out of the cache keys (results agree with one process to
+    float rounding).
     """
 
     backend: Literal["gloo", "nccl"] = "gloo"
@@ -55,9 +58,9 @@ class DistributedConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "DistributedConfig":
-        if self.fsdp:
-            raise ValueError("train.distributed.fsdp: FSDP (sharded base weights) is not built; LoRA training "
-                             "replicates the base model on every process (DDP)")
+        if self.fsdp and self.world_size < 2:
+            raise ValueError(f"train.distributed.fsdp: sharding over world_size={self.world_size} process shards "
+                             "nothing; set world_size >= 2 or fsdp: false")
         return self
 
 

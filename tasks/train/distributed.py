@@ -261,3 +261,62 @@ def launch(fn: Callable[..., Any], args: tuple, world_size: int, backend: str) -
         mp.start_processes(_worker, args=(world_size, backend, _free_port(), fn, args, result), nprocs=world_size,
                            join=True, start_method="spawn")
         return torch.load(result, weights_only=False)
+
+
+def shard_base_weights(root: Any, layers: Sequence[Any], keep: set[Any], device: str) -> Any:
+    """Shard the frozen base weights over the process group with FSDP2
+    (``torch.distributed.fsdp.fully_shard``, one 1-D mesh of all ranks): each module of ``layers``
+    (the decoder layers) is one unit, all-gathered before its forward and freed after it (and
+    again in the backward pass), and ``root`` (the module every forward goes through) holds the
+    rest (embeddings, final norm, output projection). A rank stores 1/N of the base weights; a
+    layer is whole only while it runs.
+
+    ``keep`` (the LoRA weights) is left out of FSDP (``ignored_params``): replicated on every rank
+    like under DDP, so the adapter, its AdamW state and its checkpoints are the plain tensors of one
+    process; their gradients are averaged by :func:`average_gradients`. No gradient of a sharded
+    weight exists (the base is frozen), so FSDP itself reduces nothing. Every rank must then run
+    the same number of forward (and backward) passes, each all-gathering the same layers: see
+    :func:`max_over_ranks`.
+
+    Returns ``root`` (now an ``FSDPModule``).
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cuda" if device == "cuda" else "cpu", (dist.get_world_size(),))
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, ignored_params=keep)
+    return fully_shard(root, mesh=mesh, ignored_params=keep)
+
+
+def max_over_ranks(n: int, ctx: DistContext) -> int:
+    """The largest ``n`` over every rank (``all_reduce`` MAX); ``n`` itself on one process."""
+    if ctx.world_size == 1:
+        return n
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([n], dtype=torch.int64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def average_gradients(params: Sequence[Any], ctx: DistContext) -> None:
+    """Replace each parameter's gradient by its mean over the ranks, in one ``all_reduce`` of the
+    gradients flattened together (a missing gradient counts as zeros and is filled in). What DDP
+    does for the replicated parameters; a no-op on one process."""
+    if ctx.world_size == 1 or not params:
+        return
+    import torch
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= ctx.world_size
+    off = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[off:off + n].view_as(p).clone()
+        off += n

@@ -181,7 +181,8 @@ def _train_in_group(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], 
 
 def train_distributed(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: Path,
                       log: Callable[[str], None] = print, **kw: Any) -> TrainResult:
-    """:func:`train` over ``train.distributed.world_size`` processes (data-parallel, DDP).
+    """:func:`train` over ``train.distributed.world_size`` processes (data-parallel: DDP, or FSDP2
+    with ``train.distributed.fsdp``).
 
     With one process: :func:`train` here. Under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set), on
     rank 0: joins the group (``train.distributed.backend``) unless joined, sends this call to the

@@ -26,7 +26,11 @@ its share's micro-batches with the mini-batch's global denominators, its loss sc
 DistributedDataParallel averages the gradients (one all-reduce per step, the other micro-batches
 under ``no_sync``), so every process takes the one-process step. The no-grad passes that fix a
 batch's old and reference log-probs are split the same way and gathered; the step's metrics are
-summed over the processes.
+summed over the processes. With ``train.distributed.fsdp`` the frozen base weights are sharded
+(FSDP2, :func:`tasks.train.distributed.shard_base_weights`) instead of replicated, the LoRA
+weights stay replicated and their gradients are averaged by one all-reduce, and every process runs
+as many forward passes as the others (zero-weighted passes of one sequence fill in): the same
+step, bit for bit, as DDP's.
 
 Memory: the frozen base weights are held in ``policy.autocast_dtype`` (bf16 by default; float32
 when autocast is off), the LoRA weights and the AdamW state in float32; forward passes under bf16
@@ -144,8 +148,9 @@ class Trainer:
     disabled (``reference: base``).
 
     Inside a torch.distributed process group of N > 1 processes (:mod:`tasks.train.distributed`)
-    the model is wrapped in DistributedDataParallel and every step trains this rank's share of the
-    mini-batch; every rank must call the same methods with the same data.
+    the model is wrapped in DistributedDataParallel (or its base weights sharded with FSDP2,
+    ``train.distributed.fsdp``) and every step trains this rank's share of the mini-batch; every
+    rank must call the same methods with the same data.
     """
 
     def __init__(self, cfg: RunConfig, model_dir: Path, log: Callable[[str], None] = print):
@@ -184,7 +189,15 @@ class Trainer:
 
         self.dist = context()
         self.ddp: Any = None
-        if self.dist.world_size > 1:  # the base weights are frozen: DDP all-reduces only the LoRA gradients
+        self.fsdp: Any = None
+        dc = tc.distributed
+        if self.dist.world_size > 1 and dc is not None and dc.fsdp:  # base weights sharded, LoRA replicated
+            from tasks.train.distributed import shard_base_weights
+
+            lora = {p for n, p in self.model.named_parameters() if "lora_" in n}
+            self.fsdp = shard_base_weights(_logprob_module(self.model), self.model.get_base_model().get_decoder().layers,
+                                           lora, self.device)
+        elif self.dist.world_size > 1:  # the base weights are frozen: DDP all-reduces only the LoRA gradients
             from torch.nn.parallel import DistributedDataParallel
 
             with warnings.catch_warnings():  # torch 2.13 renames the flag; the meaning we need is this one
@@ -196,11 +209,27 @@ class Trainer:
 
     # ---- log-prob passes -------------------------------------------------------------------
     def _prefix_kw(self, seqs: list[TrainSequence], idx: list[int]) -> dict[str, Any]:
-        """Shared-prompt computation when enabled and it saves work (some prompt repeats)."""
+        """Shared-prompt computation when enabled and it saves work (some prompt repeats). Under
+        FSDP the ranks agree on it for each forward (any rank's saving turns it on for all; one
+        ``all_reduce``): it calls every layer twice (prompts, then the rest), and every rank's
+        forwards must all-gather the layers equally often.
+
+        Raises:
+            ValueError: under FSDP, the shared-prompt forward turned on by another rank for a
+                sequence without a prompt (its first token the policy's).
+        """
         if not self.tc.share_prompt:
             return {}
         firsts = [tuple(seqs[i].ids[: prefix_len(seqs[i])]) for i in idx]
-        if len(set(firsts)) == len(firsts) or min(len(f) for f in firsts) == 0:
+        share = len(set(firsts)) < len(firsts) and min(len(f) for f in firsts) > 0
+        if self.fsdp is not None:
+            from tasks.train.distributed import max_over_ranks
+
+            share = bool(max_over_ranks(int(share), self.dist))
+            if share and min(len(f) for f in firsts) == 0:
+                raise ValueError(f"train: sequence {seqs[idx[[len(f) for f in firsts].index(0)]].episode_id!r} has "
+                                 "no prompt; under train.distributed.fsdp set train.share_prompt: false")
+        if not share:
             return {}
         return {"prefix_lens": [len(f) for f in firsts], "pad_id": self.pad_id}
 
@@ -209,28 +238,34 @@ class Trainer:
         ``policy`` (the current adapter) or ``reference``."""
         import torch
 
+        from tasks.train.distributed import max_over_ranks
+
         out: dict[int, Any] = {}
+        mbs = [[indices[j] for j in local] for local in micro_batches([seqs[i] for i in indices],
+                                                                     self.tc.micro_batch_size)]
+        if self.fsdp is not None:  # every rank all-gathers the layers as often as the others: pad with
+            # forwards of one sequence whose log-probs are thrown away
+            mbs += [None] * (max_over_ranks(len(mbs), self.dist) - len(mbs))
         with torch.no_grad():
-            for local in micro_batches([seqs[i] for i in indices], self.tc.micro_batch_size):
-                idx = [indices[j] for j in local]
-                ids, attn, mask, _ = pad_batch(seqs, idx, self.pad_id)
-                args = (ids.to(self.device), attn.to(self.device), mask, seqs[idx[0]].sampling_key, self.ac)
-                kw = self._prefix_kw(seqs, idx)
+            for idx in mbs:
+                run = idx if idx is not None else [indices[0] if indices else 0]
+                ids, attn, mask, _ = pad_batch(seqs, run, self.pad_id)
+                args = (ids, attn, mask, seqs[run[0]].sampling_key, False, self._prefix_kw(seqs, run), False)
                 if which == "policy":
-                    lp = sequence_logprobs(self.model, *args, **kw)[0]
+                    lp = self._forward(*args)[0]
                 elif self.ref_mode == "base":
                     with self.model.disable_adapter():
-                        lp = sequence_logprobs(self.model, *args, **kw)[0]
+                        lp = self._forward(*args)[0]
                 else:
                     self.model.set_adapter("reference")
                     try:
-                        lp = sequence_logprobs(self.model, *args, **kw)[0]
+                        lp = self._forward(*args)[0]
                     finally:
                         self.model.set_adapter("default")
                         for n, p in self.model.named_parameters():
                             if ".reference." in n:
                                 p.requires_grad_(False)
-                for r, i in enumerate(idx):
+                for r, i in enumerate(idx or []):
                     out[i] = lp[r, : len(seqs[i].ids) - 1]
         return out
 
@@ -302,8 +337,10 @@ class Trainer:
             mine = self.share(plan, seqs, todo)  # the sequences this rank's step will train on, same shapes
             cur = self.passes(seqs, mine, "policy") if (recompute or (kl_on and self._ref_is_current())) else {}
             missing = [i for i in mine if i not in ref] if kl_on else []
-            new_ref = ({i: cur[i] for i in missing} if self._ref_is_current() else
-                       self.passes(seqs, missing, "reference")) if missing else {}
+            if self._ref_is_current():
+                new_ref = {i: cur[i] for i in missing}
+            else:  # under FSDP a rank with nothing missing still joins the pass's all-gathers
+                new_ref = self.passes(seqs, missing, "reference") if missing or (kl_on and self.fsdp is not None) else {}
             cur, new_ref = gather_dict(cur, self.dist), gather_dict(new_ref, self.dist)
             ref.update(new_ref)
             for i in todo:
@@ -401,9 +438,19 @@ class Trainer:
         mis_sum, mis_max, mis_n = 0.0, 0.0, 0
         measure_mismatch = b.mismatch is None
         mbs = [[mine[j] for j in local] for local in micro_batches([seqs[i] for i in mine], tc.micro_batch_size)]
-        if self.ddp is not None and active and not mbs:  # nothing of this rank's: join the all-reduce with 0
+        # a rank with less to do joins the collectives with zero-gradient passes of one sequence: DDP's
+        # one all-reduce when it has nothing; under FSDP every forward and backward (all-gathers)
+        n_idle = 0
+        if active and self.fsdp is not None:
+            from tasks.train.distributed import max_over_ranks
+
+            n_idle = max_over_ranks(len(mbs), self.dist) - len(mbs)
+        elif active and self.ddp is not None and not mbs:
+            n_idle = 1
+        for _ in range(n_idle):
             ids, attn, mask, _ = pad_batch(seqs, active[:1], self.pad_id)
-            logp, _ = self._forward(ids, attn, mask, seqs[active[0]].sampling_key, False, {})
+            logp, _ = self._forward(ids, attn, mask, seqs[active[0]].sampling_key, False,
+                                    self._prefix_kw(seqs, active[:1]))
             (logp.sum() * 0.0).backward()
         had_deferred = bool(b.deferred)
         for n_mb, mb in enumerate(mbs):
@@ -453,7 +500,11 @@ class Trainer:
                 mis_max = max(mis_max, float(d.max())) if d.numel() else mis_max
         if had_deferred and not b.deferred and b.mismatch is None:  # the whole batch's, now that old is complete
             b.mismatch = self._mismatch(seqs, b.old)
-        if self.ddp is not None:  # the whole mini-batch's sums, minima and maxima on every rank
+        if self.fsdp is not None and active:  # the LoRA weights are replicated: DDP's all-reduce, by hand
+            from tasks.train.distributed import average_gradients
+
+            average_gradients(self.params, self.dist)
+        if self.dist.world_size > 1:  # the whole mini-batch's sums, minima and maxima on every rank
             tot, seen, r_sum, mis_sum, mis_n, r_min, r_max, mis_max = self._reduce_metrics(
                 tot, seen, r_sum, mis_sum, mis_n, r_min, r_max, mis_max)
         for key in ("kl", "entropy", "clip_frac"):  # token means over the sequences trained on
@@ -487,10 +538,13 @@ class Trainer:
         return row, {"step": self.version, "seconds": dt, "tokens_per_s": seen / dt if dt > 0 else 0.0}
 
     def _forward(self, ids: Any, attn: Any, mask: Any, key: tuple[float, int, float], with_entropy: bool,
-                 kw: dict[str, Any]) -> tuple[Any, Any]:
-        """:func:`sequence_logprobs` of the policy (through DDP under several processes)."""
+                 kw: dict[str, Any], train: bool = True) -> tuple[Any, Any]:
+        """:func:`sequence_logprobs` of the policy: under several processes through FSDP's root module
+        (always) or DDP's (for a training forward, ``train``)."""
         ids, attn = ids.to(self.device), attn.to(self.device)
-        if self.ddp is not None:
+        if self.fsdp is not None:
+            return self.fsdp(ids, attn, mask, key, self.ac, with_entropy, kw)
+        if self.ddp is not None and train:
             return self.ddp(ids, attn, mask, key, self.ac, with_entropy, kw)
         return sequence_logprobs(self.model, ids, attn, mask, key, self.ac, with_entropy=with_entropy, **kw)
 

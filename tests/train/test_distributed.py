@@ -1,6 +1,7 @@
 """Data-parallel training (torch.distributed, gloo on the CPU): whole groups per rank, the global
-batch keeping its meaning (2 processes train the 1-process adapter), resume under 2 processes,
-and the config refusing what is not built."""
+batch keeping its meaning (2 processes train the 1-process adapter, with the base weights
+replicated (DDP) or sharded (FSDP2)), resume under 2 processes, and the config refusing what is
+not built."""
 
 import logging
 from pathlib import Path
@@ -48,8 +49,9 @@ def test_config_refuses_what_is_not_built_and_keeps_old_hashes(tiny_model_dir):
     assert plain.train.distributed is None
     # how the stage runs, not what it computes: the train stage's cache key is unchanged
     assert two.section_hash("train") == plain.section_hash("train")
-    with pytest.raises(ValueError, match="fsdp.*not built"):
-        _cfg(tiny_model_dir, distributed={"world_size": 2, "fsdp": True})
+    assert _cfg(tiny_model_dir, distributed={"world_size": 2, "fsdp": True}).train.distributed.fsdp
+    with pytest.raises(ValueError, match="fsdp.*world_size=1 process shards nothing"):
+        _cfg(tiny_model_dir, distributed={"world_size": 1, "fsdp": True})
     with pytest.raises(ValueError, match="nccl.*needs CUDA"):
         _cfg(tiny_model_dir, distributed={"world_size": 2, "backend": "nccl"})
     with pytest.raises(ValueError, match="world_size"):
@@ -200,3 +202,92 @@ def test_cli_train_needs_torchrun_and_run_refuses_to_run_once_per_torchrun_proce
     monkeypatch.setenv("WORLD_SIZE", "2")
     r = CliRunner().invoke(app, ["run", "-c", "configs/default.yaml"])
     assert r.exit_code == 2 and "use `torchrun ... harnessrl train`" in r.output
+
+
+# ---- FSDP: the base weights sharded over the ranks --------------------------------------------------
+
+class _ShardProbe:
+    """``after_step`` of the FSDP runs (rank 0, in the spawned process): what the trainer holds,
+    written to ``path`` as JSON after each step."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __call__(self, trainer, row) -> None:
+        import json
+
+        from torch.distributed.tensor import DTensor
+
+        layers = [p for n, p in trainer.model.named_parameters() if ".layers." in n and "lora_" not in n]
+        sharded = [p for p in layers if isinstance(p, DTensor)]
+        Path(self.path).write_text(json.dumps({
+            "layer_weights": len(layers), "sharded": len(sharded),
+            "local": sum(p.to_local().numel() for p in sharded), "global": sum(p.numel() for p in sharded),
+            "lora_replicated": not any(isinstance(p, DTensor) for p in trainer.params),
+            "lora": len(trainer.params), "step": row["step"]}))
+
+
+def _shared_prompts(seqs):
+    """The same sequences with each group's prompt made its first member's (the shared-prompt
+    forward then runs: every FSDP layer is called twice in one forward)."""
+    import dataclasses
+
+    first: dict[str, list[int]] = {}
+    out = []
+    for s in seqs:
+        n = s.mask.index(1)
+        p = first.setdefault(s.task_id, s.ids[:n])
+        out.append(dataclasses.replace(s, ids=p + s.ids[n:], mask=[0] * len(p) + s.mask[n:],
+                                       behaviour_logp=[0.0] * len(p) + s.behaviour_logp[n:]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tiny_model_dir, tmp_path_factory):
+    """The DDP test's config with the base weights sharded (FSDP2 over 2 gloo processes), on its
+    data and on the same data with shared prompts, with the one-process runs to compare."""
+    root = tmp_path_factory.mktemp("fsdp")
+    cfg = _fp32(_cfg(tiny_model_dir, **_kw(), distributed={"world_size": 2, "backend": "gloo", "fsdp": True}))
+    shared = _shared_prompts(_data())
+    return {
+        "cfg": cfg, "root": root, "probe": root / "probe.json",
+        "two": train_distributed(cfg, tiny_model_dir, _data(), root / "two", log=LOG,
+                                 after_step=_ShardProbe(root / "probe.json")),
+        "shared_one": train(_fp32(_cfg(tiny_model_dir, **_kw())), tiny_model_dir, shared, root / "s1", log=LOG),
+        "shared_two": train_distributed(cfg, tiny_model_dir, shared, root / "s2", log=LOG),
+    }
+
+
+def test_fsdp_shards_the_base_weights_and_two_processes_train_the_one_process_adapter(one_and_two, fsdp_runs):
+    import json
+
+    probe = json.loads(fsdp_runs["probe"].read_text())
+    # every decoder-layer base weight is a DTensor holding half of it on rank 0; the LoRA weights
+    # (what the optimizer steps) stay plain replicated tensors
+    assert probe["step"] == 2 and probe["layer_weights"] == probe["sharded"] > 0
+    assert probe["local"] * 2 == probe["global"]
+    assert probe["lora_replicated"] and probe["lora"] > 0
+    one, two, a0 = one_and_two["one"], fsdp_runs["two"], _adapter(one_and_two["init"])
+    assert _max_diff(_adapter(one.adapter_dir), _adapter(two.adapter_dir)) <= 1e-5
+    assert _max_diff(_adapter(two.adapter_dir), a0) > 1e-3  # trained
+    for r1, r2 in zip(one.steps, two.steps, strict=True):
+        assert (r1["tokens"], r1["sequences"]) == (r2["tokens"], r2["sequences"])
+        for k in ("loss", "kl", "grad_norm", "ratio_max"):
+            assert r2[k] == pytest.approx(r1[k], rel=1e-5, abs=1e-7), k
+    # with shared prompts (each layer runs twice per forward) too
+    s1, s2 = fsdp_runs["shared_one"], fsdp_runs["shared_two"]
+    assert _max_diff(_adapter(s1.adapter_dir), _adapter(s2.adapter_dir)) <= 1e-5
+    assert [r["tokens"] for r in s1.steps] == [r["tokens"] for r in s2.steps]
+
+
+@pytest.mark.slow
+def test_resume_under_fsdp_ends_where_the_uninterrupted_run_ends(fsdp_runs, tiny_model_dir):
+    root, cfg = fsdp_runs["root"], fsdp_runs["cfg"]
+    state = root / "state.pt"
+    with pytest.raises(Exception, match="TrainingInterrupted"):
+        train_distributed(cfg, tiny_model_dir, _data(), root / "a", log=LOG, state_path=state, resume_key="k",
+                          stop_after=1)
+    assert torch.load(state, weights_only=False)["version"] == 1
+    resumed = train_distributed(cfg, tiny_model_dir, _data(), root / "b", log=LOG, state_path=state, resume_key="k")
+    assert [r["loss"] for r in resumed.steps] == [r["loss"] for r in fsdp_runs["two"].steps]
+    assert sha256_dir(root / "b") == sha256_dir(fsdp_runs["two"].adapter_dir)
