@@ -162,7 +162,15 @@ class Trainer:
         self.cfg, self.tc, self.log = cfg, cfg.train, log
         torch.manual_seed(seed_from(cfg.seed, "train"))
         self.device = cfg.policy.device
-        base, self.tokenizer = load_model_and_tokenizer(model_dir, self.device, dtype=cfg.policy.autocast_dtype)
+        from tasks.train.distributed import context
+
+        self.dist = context()
+        dc = cfg.train.distributed
+        fsdp = self.dist.world_size > 1 and dc is not None and dc.fsdp
+        # under FSDP the base is read into host memory and each layer's shard moved to the device as
+        # it is sharded: the whole model never sits on one device
+        base, self.tokenizer = load_model_and_tokenizer(model_dir, "cpu" if fsdp else self.device,
+                                                        dtype=cfg.policy.autocast_dtype)
         self.pad_id = int(self.tokenizer.pad_token_id)
         tc = self.tc
         if tc.init_adapter:
@@ -185,16 +193,14 @@ class Trainer:
         self.ac = lambda: autocast(self.device, cfg.policy.autocast_dtype)  # noqa: E731
         self.version = 0
         self.level = {"grpo": "token", "gspo": "sequence", "gspo_token": "sequence_token"}[tc.algorithm]
-        from tasks.train.distributed import context
-
-        self.dist = context()
         self.ddp: Any = None
         self.fsdp: Any = None
-        dc = tc.distributed
-        if self.dist.world_size > 1 and dc is not None and dc.fsdp:  # base weights sharded, LoRA replicated
+        if fsdp:  # base weights sharded, LoRA replicated
             from tasks.train.distributed import shard_base_weights
 
             lora = {p for n, p in self.model.named_parameters() if "lora_" in n}
+            for p in lora:  # FSDP moves what it shards; the replicated weights are ours to move
+                p.data = p.data.to(self.device)
             self.fsdp = shard_base_weights(_logprob_module(self.model), self.model.get_base_model().get_decoder().layers,
                                            lora, self.device)
         elif self.dist.world_size > 1:  # the base weights are frozen: DDP all-reduces only the LoRA gradients
