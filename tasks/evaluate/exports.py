@@ -87,12 +87,12 @@ def write_exports(store: ArtifactStore, run_name: str, plan: dict[str, Any], p_h
     ``turns``: the attempts' turn rows, or a function from eval_ids to their turn rows (one Inspect
     log's worth at a time; see :func:`tasks.evaluate.inspect_log.inspect_logs`); ``tasks``: task_id -> task row; ``systems``: harness name ->
     its rendered system prompt (see :func:`tasks.evaluate.inspect_log.inspect_logs`)."""
-    from tasks.evaluate.inspect_log import inspect_logs, write_inspect_logs
+    from tasks.evaluate.inspect_log import write_inspect_logs
 
     files = swebench_files(run_name, plan, rows)
     for rel, data in files.items():
         store.write_bytes(rel, data)
-    logs = write_inspect_logs(store, inspect_logs(run_name, plan, p_hash, rows, cells, turns, tasks, systems))
+    logs = write_inspect_logs(store, run_name, plan, p_hash, rows, cells, turns, tasks, systems)
     return [*files, *logs]
 
 

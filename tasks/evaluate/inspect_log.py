@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import re
 import tempfile
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Union
 
@@ -59,16 +60,20 @@ def log_path(checkpoint: str, harness: str) -> str:
 
 
 def _messages(eval_id: str, system: str, instruction: str, turns: list[dict[str, Any]]) -> list[Any]:
-    """The attempt as chat messages; ids ``<eval_id>-m<i>`` (Inspect would draw random ones)."""
+    """The attempt as chat messages; ids ``<eval_id>-m<i>`` (Inspect would draw random ones; given
+    to the constructor, no random one is drawn first)."""
     from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
 
-    out: list[Any] = [ChatMessageSystem(content=system), ChatMessageUser(content=instruction)]
+    def mid() -> str:
+        return f"{eval_id[:16]}-m{len(out)}"
+
+    out: list[Any] = []
+    out.append(ChatMessageSystem(content=system, id=mid()))
+    out.append(ChatMessageUser(content=instruction, id=mid()))
     for t in sorted(turns, key=lambda t: t["turn_idx"]):
-        out.append(ChatMessageAssistant(content=t["completion_text"] or "", model=None))
+        out.append(ChatMessageAssistant(content=t["completion_text"] or "", model=None, id=mid()))
         if t.get("observation"):
-            out.append(ChatMessageUser(content=t["observation"]))
-    for i, m in enumerate(out):
-        m.id = f"{eval_id[:16]}-m{i}"
+            out.append(ChatMessageUser(content=t["observation"], id=mid()))
     return out
 
 
@@ -78,6 +83,55 @@ def _output(model: str, row: dict[str, Any]) -> Any:
     out = ModelOutput.from_content(model, row["final_answer"] or "")
     out.choices[0].message.id = f"{row['eval_id'][:16]}-out"
     return out
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every Inspect log of a run is built from besides its own turns (picklable: each export
+    worker process gets it once)."""
+
+    run_name: str
+    plan: dict[str, Any]
+    p_hash: str
+    head: str
+    n_rows: int
+    finals: dict[tuple, dict[str, Any]]
+    replaced: dict[str, list[str]]
+    cell: dict[tuple[str, str], dict[str, Any]]
+    held: set[str]
+    revision: Any
+    packages: dict[str, str]
+    now: str
+    tasks: dict[str, dict[str, Any]]
+    systems: dict[str, str]
+
+    def keys(self, checkpoint: str, harness: str) -> list[tuple]:
+        """The final attempts of (checkpoint, harness), by task then attempt."""
+        return sorted((k for k in self.finals if k[0] == checkpoint and k[1] == harness),
+                      key=lambda k: (self.finals[k]["task_id"], k[3]))
+
+
+def _shared(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
+            cells: list[dict[str, Any]], tasks: dict[str, dict[str, Any]], systems: dict[str, str]) -> _Shared:
+    from inspect_ai.log import EvalRevision
+
+    replaced: dict[str, list[str]] = {}
+    for r in rows:
+        if r["retry"]:
+            replaced.setdefault(r["eval_id"], []).append(r["retry_of"])
+    rev = code_version()
+    return _Shared(
+        run_name=run_name, plan=plan, p_hash=p_hash, head=rows[-1]["seal_hash"] if rows else p_hash, n_rows=len(rows),
+        finals=final_attempts(rows), replaced=replaced,
+        cell={(c["checkpoint"], c["harness_name"]): c for c in cells if c["kind"] == "cell"},
+        held=set(plan.get("held_out", [])),
+        revision=EvalRevision(type="git", origin="", commit=rev["git_sha"], dirty=rev["dirty"]) if rev["git_sha"] else None,
+        packages={k: v for k, v in package_versions().items() if v}, now=datetime.now(timezone.utc).isoformat(),
+        tasks=tasks, systems=systems)
+
+
+def _turns_of(turns: TurnSource) -> Callable[[set[str]], list[dict[str, Any]]]:
+    return turns if callable(turns) else (lambda ids, _all=turns: [t for t in _all if t["episode_id"] in ids])
 
 
 def inspect_logs(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
@@ -95,92 +149,152 @@ def inspect_logs(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[di
         tasks: task_id -> ``tasks`` row (``instruction``).
         systems: harness name -> the rendered system prompt of that harness.
     """
-    from inspect_ai.log import (EvalConfig, EvalDataset, EvalError, EvalLog, EvalMetric, EvalResults, EvalRevision,
-                                EvalSample, EvalScore, EvalSpec, EvalStats)
-    from inspect_ai.scorer import Score
-
-    now = datetime.now(timezone.utc).isoformat()
-    head = rows[-1]["seal_hash"] if rows else p_hash
-    turns_of = turns if callable(turns) else (lambda ids, _all=turns: [t for t in _all if t["episode_id"] in ids])
-    finals = final_attempts(rows)
-    replaced: dict[str, list[str]] = {}
-    for r in rows:
-        if r["retry"]:
-            replaced.setdefault(r["eval_id"], []).append(r["retry_of"])
-    cell = {(c["checkpoint"], c["harness_name"]): c for c in cells if c["kind"] == "cell"}
-    held = set(plan.get("held_out", []))
-    rev = code_version()
-    revision = EvalRevision(type="git", origin="", commit=rev["git_sha"], dirty=rev["dirty"]) if rev["git_sha"] else None
-    packages = {k: v for k, v in package_versions().items() if v}
+    sh = _shared(run_name, plan, p_hash, rows, cells, tasks, systems)
+    turns_of = _turns_of(turns)
     for ck in plan["checkpoints"]:
         for h in plan["harnesses"]:
-            recs = [p for p in plan["records"] if p["harness_name"] == h]
-            model = f"harnessrl/{plan['policy']['model']}@{ck['name']}"
-            samples = []
-            keys = sorted((k for k in finals if k[0] == ck["name"] and k[1] == h),
-                          key=lambda k: (finals[k]["task_id"], k[3]))
-            by_ep: dict[str, list[dict[str, Any]]] = {}
-            for t in turns_of({finals[k]["eval_id"] for k in keys}):
-                by_ep.setdefault(t["episode_id"], []).append(t)
-            for key in keys:
-                r = finals[key]
-                graded = r["status"] in GRADED
-                samples.append(EvalSample(
-                    id=r["task_id"], epoch=r["attempt"] + 1, input=tasks[r["task_id"]]["instruction"], target="",
-                    messages=_messages(r["eval_id"], systems[h], tasks[r["task_id"]]["instruction"], by_ep.get(r["eval_id"], [])),
-                    output=_output(model, r),
-                    scores={"resolved": Score(value="C" if r["resolved"] else "I", answer=r["final_answer"] or "",
-                                              metadata={"status": r["status"]}),
-                            "reward": Score(value=float(r["reward"]))} if graded else None,
-                    error=None if graded else EvalError(message=f"infrastructure error (sealed row {r['seq']}, not "
-                                                                "graded: left out of every denominator)",
-                                                        traceback="", traceback_ansi=""),
-                    metadata={"eval_id": r["eval_id"], "record_id": r["record_id"], "seq": r["seq"],
-                              "seal_hash": r["seal_hash"], "prev_hash": r["prev_hash"], "status": r["status"],
-                              "retry": r["retry"], "replaces": replaced.get(r["eval_id"], []), "seed": r["seed"],
-                              "num_turns": r["num_turns"], "output_tokens": r["output_tokens"]},
-                ))
-            c = cell.get((ck["name"], h), {})
-            n_graded = sum(1 for s in samples if s.scores)
-            metrics = {"accuracy": EvalMetric(name="accuracy", value=(
-                sum(1 for s in samples if s.scores and s.scores["resolved"].value == "C") / n_graded) if n_graded else 0.0)}
-            for name in ("pass_at_1", "pass_at_k"):
-                if c.get(name) is not None:
-                    metrics[name] = EvalMetric(name=name, value=float(c[name]))
-            log = EvalLog(
-                version=2, status="success",
-                eval=EvalSpec(
-                    eval_id=p_hash[:16] + "-" + _safe(f"{ck['name']}.{h}"), run_id=p_hash, created=now,
-                    task=f"{run_name}/{h}", task_id=_safe(f"{run_name}.{h}"),
-                    dataset=EvalDataset(name=run_name, samples=len(recs), sample_ids=sorted(p["task_id"] for p in recs)),
-                    model=model, config=EvalConfig(epochs=int(plan["attempts"])), revision=revision, packages=packages,
-                    metadata={"plan_hash": p_hash, "chain_head": head, "checkpoint": ck["name"],
-                              "adapter_sha256": ck["adapter_sha256"], "harness_name": h,
-                              "harness_id": recs[0]["harness_id"] if recs else "", "held_out": h in held,
-                              "sealed_rows": len(rows)},
-                ),
-                results=EvalResults(total_samples=len(samples), completed_samples=n_graded, scores=[
-                    EvalScore(name="resolved", scorer=SCORER, scored_samples=n_graded,
-                              unscored_samples=len(samples) - n_graded, metrics=metrics,
-                              metadata={"counted": bool(c.get("counted")), "graded_fraction": c.get("graded_fraction"),
-                                        "k": c.get("k")})]),
-                stats=EvalStats(started_at=now, completed_at=now),
-                samples=samples,
-            )
-            yield log_path(ck["name"], h), log
+            ids = {sh.finals[k]["eval_id"] for k in sh.keys(ck["name"], h)}
+            yield log_path(ck["name"], h), _build(sh, ck, h, turns_of(ids))
 
 
-def write_inspect_logs(store: ArtifactStore, logs: Iterable[tuple[str, Any]]) -> list[str]:
-    """Write each log with :func:`inspect_ai.log.write_eval_log` to a local temporary file, then
-    atomically into the run folder (:meth:`schemas.ArtifactStore.write_bytes`). Returns the paths."""
-    from inspect_ai.log import write_eval_log
+def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, Any]]) -> Any:
+    """The ``EvalLog`` of (checkpoint ``ck``, harness ``h``) from its final attempts' turn rows."""
+    from inspect_ai.log import (EvalConfig, EvalDataset, EvalError, EvalLog, EvalMetric, EvalResults, EvalSample,
+                                EvalScore, EvalSpec, EvalStats)
+    from inspect_ai.scorer import Score
+
+    plan, p_hash, run_name, finals, now = sh.plan, sh.p_hash, sh.run_name, sh.finals, sh.now
+    tasks, systems, replaced, held = sh.tasks, sh.systems, sh.replaced, sh.held
+    recs = [p for p in plan["records"] if p["harness_name"] == h]
+    model = f"harnessrl/{plan['policy']['model']}@{ck['name']}"
+    samples = []
+    keys = sh.keys(ck["name"], h)
+    by_ep: dict[str, list[dict[str, Any]]] = {}
+    for t in turn_rows:
+        by_ep.setdefault(t["episode_id"], []).append(t)
+    for key in keys:
+        r = finals[key]
+        graded = r["status"] in GRADED
+        samples.append(EvalSample(
+            id=r["task_id"], epoch=r["attempt"] + 1, input=tasks[r["task_id"]]["instruction"], target="",
+            messages=_messages(r["eval_id"], systems[h], tasks[r["task_id"]]["instruction"], by_ep.get(r["eval_id"], [])),
+            output=_output(model, r),
+            scores={"resolved": Score(value="C" if r["resolved"] else "I", answer=r["final_answer"] or "",
+                                      metadata={"status": r["status"]}),
+                    "reward": Score(value=float(r["reward"]))} if graded else None,
+            error=None if graded else EvalError(message=f"infrastructure error (sealed row {r['seq']}, not "
+                                                        "graded: left out of every denominator)",
+                                                traceback="", traceback_ansi=""),
+            metadata={"eval_id": r["eval_id"], "record_id": r["record_id"], "seq": r["seq"],
+                      "seal_hash": r["seal_hash"], "prev_hash": r["prev_hash"], "status": r["status"],
+                      "retry": r["retry"], "replaces": replaced.get(r["eval_id"], []), "seed": r["seed"],
+                      "num_turns": r["num_turns"], "output_tokens": r["output_tokens"]},
+        ))
+    c = sh.cell.get((ck["name"], h), {})
+    n_graded = sum(1 for s in samples if s.scores)
+    metrics = {"accuracy": EvalMetric(name="accuracy", value=(
+        sum(1 for s in samples if s.scores and s.scores["resolved"].value == "C") / n_graded) if n_graded else 0.0)}
+    for name in ("pass_at_1", "pass_at_k"):
+        if c.get(name) is not None:
+            metrics[name] = EvalMetric(name=name, value=float(c[name]))
+    log = EvalLog(
+        version=2, status="success",
+        eval=EvalSpec(
+            eval_id=p_hash[:16] + "-" + _safe(f"{ck['name']}.{h}"), run_id=p_hash, created=now,
+            task=f"{run_name}/{h}", task_id=_safe(f"{run_name}.{h}"),
+            dataset=EvalDataset(name=run_name, samples=len(recs), sample_ids=sorted(p["task_id"] for p in recs)),
+            model=model, config=EvalConfig(epochs=int(plan["attempts"])), revision=sh.revision, packages=sh.packages,
+            metadata={"plan_hash": p_hash, "chain_head": sh.head, "checkpoint": ck["name"],
+                      "adapter_sha256": ck["adapter_sha256"], "harness_name": h,
+                      "harness_id": recs[0]["harness_id"] if recs else "", "held_out": h in held,
+                      "sealed_rows": sh.n_rows},
+        ),
+        results=EvalResults(total_samples=len(samples), completed_samples=n_graded, scores=[
+            EvalScore(name="resolved", scorer=SCORER, scored_samples=n_graded,
+                      unscored_samples=len(samples) - n_graded, metrics=metrics,
+                      metadata={"counted": bool(c.get("counted")), "graded_fraction": c.get("graded_fraction"),
+                                "k": c.get("k")})]),
+        stats=EvalStats(started_at=now, completed_at=now),
+        samples=samples,
+    )
+    return log
+
+
+# at least this many samples before the logs are written by a pool of processes: a worker's start
+# (importing inspect-ai, about 2 s) costs about what writing 1,000 samples does
+PARALLEL_MIN_SAMPLES = 2000
+
+
+def write_inspect_logs(store: ArtifactStore, run_name: str, plan: dict[str, Any], p_hash: str,
+                       rows: list[dict[str, Any]], cells: list[dict[str, Any]], turns: TurnSource,
+                       tasks: dict[str, dict[str, Any]], systems: dict[str, str], workers: int | None = None
+                       ) -> list[str]:
+    """Build the Inspect logs (:func:`inspect_logs`; same arguments), write each with
+    :func:`inspect_ai.log.write_eval_log` to a local temporary file, then atomically into the run
+    folder (:meth:`schemas.ArtifactStore.write_bytes`), in plan order. Returns the paths.
+
+    ``workers``: processes that build and write the logs (``concurrent.futures``, spawn; each gets
+    the shared inputs once and one log's turn rows at a time, read here, with at most ``workers``
+    logs in flight). None: one per CPU when there are at least :data:`PARALLEL_MIN_SAMPLES`
+    samples and more than one log, else this process. Building and compressing a log is
+    CPU-bound Python (pydantic, zstd), so the pool divides the time by up to the CPUs.
+    """
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    sh = _shared(run_name, plan, p_hash, rows, cells, tasks, systems)
+    jobs = [(ck, h) for ck in plan["checkpoints"] for h in plan["harnesses"]]
+    if workers is None:
+        workers = min(os.cpu_count() or 1, len(jobs)) if len(sh.finals) >= PARALLEL_MIN_SAMPLES else 1
+    turns_of = _turns_of(turns)
+
+    def turn_rows(job: tuple[dict[str, Any], str]) -> list[dict[str, Any]]:
+        return turns_of({sh.finals[k]["eval_id"] for k in sh.keys(job[0]["name"], job[1])})
 
     written = []
     with tempfile.TemporaryDirectory(prefix="harnessrl-inspect-") as tmp:
-        for rel, log in logs:
-            local = Path(tmp) / Path(rel).name
-            write_eval_log(log, str(local), format="eval")
-            store.write_bytes(rel, local.read_bytes())
-            local.unlink()
+        def commit(job: tuple[dict[str, Any], str], local: str) -> None:
+            rel = log_path(job[0]["name"], job[1])
+            store.write_bytes(rel, Path(local).read_bytes())
+            Path(local).unlink()
             written.append(rel)
+
+        if workers <= 1:
+            for job in jobs:
+                commit(job, _write_log(sh, job[0], job[1], turn_rows(job), tmp))
+            return written
+        import multiprocessing
+
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_init_worker, initargs=(sh,)) as pool:
+            pending = []
+            for job in jobs:
+                pending.append((job, pool.submit(_write_in_worker, job[0], job[1], turn_rows(job), tmp)))
+                if len(pending) >= workers:  # in plan order; at most `workers` logs' turns held at once
+                    done, fut = pending.pop(0)
+                    commit(done, fut.result())
+            for done, fut in pending:
+                commit(done, fut.result())
     return written
+
+
+def _write_log(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, Any]], tmp: str) -> str:
+    """Build the log of (``ck``, ``h``) and write it under ``tmp``; returns the file's path."""
+    from inspect_ai.log import write_eval_log
+
+    local = str(Path(tmp) / Path(log_path(ck["name"], h)).name)
+    write_eval_log(_build(sh, ck, h, turn_rows), local, format="eval")
+    return local
+
+
+_WORKER_SHARED: _Shared | None = None
+
+
+def _init_worker(sh: _Shared) -> None:
+    global _WORKER_SHARED
+    _WORKER_SHARED = sh
+
+
+def _write_in_worker(ck: dict[str, Any], h: str, turn_rows: list[dict[str, Any]], tmp: str) -> str:
+    assert _WORKER_SHARED is not None, "export worker used before its initializer ran"
+    return _write_log(_WORKER_SHARED, ck, h, turn_rows, tmp)

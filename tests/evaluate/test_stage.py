@@ -188,6 +188,8 @@ def test_inspect_logs_read_back_with_inspect_and_match_the_seal(sealed):
             for key, s in got.items():
                 r = want[key]
                 assert s.metadata["seal_hash"] == r["seal_hash"] and s.metadata["seq"] == r["seq"]
+                # stable message ids, from the sealed row (Inspect would draw random ones)
+                assert [m.id for m in s.messages] == [f"{r['eval_id'][:16]}-m{i}" for i in range(len(s.messages))]
                 if r["status"] == "infra_error":
                     assert s.scores is None and "infrastructure error" in s.error.message
                 else:
@@ -201,6 +203,33 @@ def test_inspect_logs_read_back_with_inspect_and_match_the_seal(sealed):
                 assert metrics["pass_at_1"].value == pytest.approx(cell["pass_at_1"])
     assert any(r["retry"] for r in rows)  # the fixture has retried infra errors: replaced rows are not samples
     assert check_inspect_logs(store.url) == []
+
+
+def test_a_pool_of_export_processes_writes_the_logs_this_process_writes(sealed, tmp_path):
+    """The stage wrote the fixture's logs in-process (few samples); the same inputs through two
+    spawned worker processes give the same logs, sample for sample, in the same files."""
+    from inspect_ai.log import read_eval_log
+
+    from tasks.evaluate.inspect_log import write_inspect_logs
+    from tasks.rollout.stage import harness_specs
+
+    cfg, store, refs, out, _, tasks, _ = sealed
+    plan = store.read_json(PLAN)
+    ph = store.read_bytes("evaluate/plan.sha256").decode().strip()
+    systems = {s.name: s.render_system() for s in harness_specs(store, refs["harnesses"]).values()}
+    pooled = ArtifactStore(tmp_path / "pooled")
+    paths = write_inspect_logs(pooled, cfg.name, plan, ph, store.rows(out["evaluations"]), store.rows(out["eval_cells"]),
+                               store.rows(out["eval_turns"]), {t["task_id"]: t for t in tasks}, systems, workers=2)
+    assert paths == sorted(store.list_files("evaluate/inspect"), key=paths.index) and len(paths) == 4
+
+    def content(root, rel):
+        log = read_eval_log(f"{root}/{rel}")
+        spec = log.eval.model_dump(exclude={"created"})
+        return spec, [(s.id, s.epoch, [(m.id, m.role, m.text) for m in s.messages], s.metadata,
+                       s.scores and {k: v.value for k, v in s.scores.items()}) for s in log.samples]
+
+    for rel in paths:
+        assert content(pooled.root, rel) == content(store.root, rel), rel
 
 
 def test_check_inspect_logs_names_a_forged_sample(sealed, tmp_path):
