@@ -201,8 +201,8 @@ class Trainer:
             lora = {p for n, p in self.model.named_parameters() if "lora_" in n}
             for p in lora:  # FSDP moves what it shards; the replicated weights are ours to move
                 p.data = p.data.to(self.device)
-            self.fsdp = shard_base_weights(_logprob_module(self.model), self.model.get_base_model().get_decoder().layers,
-                                           lora, self.device)
+            layers = self.model.get_base_model().get_decoder().layers
+            self.fsdp = shard_base_weights(_logprob_module(self.model), layers, lora, self.device)
         elif self.dist.world_size > 1:  # the base weights are frozen: DDP all-reduces only the LoRA gradients
             from torch.nn.parallel import DistributedDataParallel
 
@@ -346,7 +346,8 @@ class Trainer:
             if self._ref_is_current():
                 new_ref = {i: cur[i] for i in missing}
             else:  # under FSDP a rank with nothing missing still joins the pass's all-gathers
-                new_ref = self.passes(seqs, missing, "reference") if missing or (kl_on and self.fsdp is not None) else {}
+                joins = kl_on and self.fsdp is not None
+                new_ref = self.passes(seqs, missing, "reference") if missing or joins else {}
             cur, new_ref = gather_dict(cur, self.dist), gather_dict(new_ref, self.dist)
             ref.update(new_ref)
             for i in todo:
@@ -575,11 +576,15 @@ class Trainer:
     def inference_model(self, dtype: str) -> Any:
         """A plain copy of the current policy for sampling: the adapter merged into the weights
         (W + s * B A), cast to ``dtype``, in eval mode. Sampling from it skips the LoRA detour
-        of every adapted layer; the trainer's own weights are not touched."""
+        of every adapted layer; the trainer's own weights are not touched.
+
+        Raises:
+            RuntimeError: under FSDP (each rank holds a shard of the base weights)."""
         import copy
 
         import torch
 
+        self._whole_base("inference_model")
         merged = copy.deepcopy(self.model)
         for n in [n for n in merged.peft_config if n != "default"]:
             merged.delete_adapter(n)
@@ -592,8 +597,13 @@ class Trainer:
         (``{name: tensor}`` in ``dtype``, names as the base model's checkpoint has them), only for
         the modules the adapter changes: what a weight sync sends to a sampling engine.
 
-        Merged in float32 (W + (alpha / r) B A) and cast once."""
+        Merged in float32 (W + (alpha / r) B A) and cast once.
+
+        Raises:
+            RuntimeError: under FSDP (each rank holds a shard of the base weights)."""
         import torch
+
+        self._whole_base("merged_state")
 
         out: dict[str, Any] = {}
         scale_cache: dict[str, float] = {}
@@ -608,6 +618,11 @@ class Trainer:
                 key = name.split("base_model.model.", 1)[-1] + ".weight"
                 out[key] = w.to(getattr(torch, dtype)).contiguous()
         return out
+
+    def _whole_base(self, what: str) -> None:
+        if self.fsdp is not None:
+            raise RuntimeError(f"Trainer.{what}: the base weights are sharded over the ranks "
+                               "(train.distributed.fsdp); a whole-model copy is not built")
 
     # ---- state ----------------------------------------------------------------------------------
     def state(self, **extra: Any) -> dict[str, Any]:
