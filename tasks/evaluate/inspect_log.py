@@ -99,7 +99,7 @@ class _Shared:
     replaced: dict[str, list[str]]
     cell: dict[tuple[str, str], dict[str, Any]]
     held: set[str]
-    revision: Any
+    revision: dict[str, Any] | None  # EvalRevision's fields (the pool's parent never imports inspect-ai)
     packages: dict[str, str]
     now: str
     tasks: dict[str, dict[str, Any]]
@@ -113,8 +113,6 @@ class _Shared:
 
 def _shared(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
             cells: list[dict[str, Any]], tasks: dict[str, dict[str, Any]], systems: dict[str, str]) -> _Shared:
-    from inspect_ai.log import EvalRevision
-
     replaced: dict[str, list[str]] = {}
     for r in rows:
         if r["retry"]:
@@ -125,7 +123,7 @@ def _shared(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[st
         finals=final_attempts(rows), replaced=replaced,
         cell={(c["checkpoint"], c["harness_name"]): c for c in cells if c["kind"] == "cell"},
         held=set(plan.get("held_out", [])),
-        revision=EvalRevision(type="git", origin="", commit=rev["git_sha"], dirty=rev["dirty"]) if rev["git_sha"] else None,
+        revision=dict(type="git", origin="", commit=rev["git_sha"], dirty=rev["dirty"]) if rev["git_sha"] else None,
         packages={k: v for k, v in package_versions().items() if v}, now=datetime.now(timezone.utc).isoformat(),
         tasks=tasks, systems=systems)
 
@@ -159,8 +157,8 @@ def inspect_logs(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[di
 
 def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, Any]]) -> Any:
     """The ``EvalLog`` of (checkpoint ``ck``, harness ``h``) from its final attempts' turn rows."""
-    from inspect_ai.log import (EvalConfig, EvalDataset, EvalError, EvalLog, EvalMetric, EvalResults, EvalSample,
-                                EvalScore, EvalSpec, EvalStats)
+    from inspect_ai.log import (EvalConfig, EvalDataset, EvalError, EvalLog, EvalMetric, EvalResults, EvalRevision,
+                                EvalSample, EvalScore, EvalSpec, EvalStats)
     from inspect_ai.scorer import Score
 
     plan, p_hash, run_name, finals, now = sh.plan, sh.p_hash, sh.run_name, sh.finals, sh.now
@@ -203,7 +201,8 @@ def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, An
             eval_id=p_hash[:16] + "-" + _safe(f"{ck['name']}.{h}"), run_id=p_hash, created=now,
             task=f"{run_name}/{h}", task_id=_safe(f"{run_name}.{h}"),
             dataset=EvalDataset(name=run_name, samples=len(recs), sample_ids=sorted(p["task_id"] for p in recs)),
-            model=model, config=EvalConfig(epochs=int(plan["attempts"])), revision=sh.revision, packages=sh.packages,
+            model=model, config=EvalConfig(epochs=int(plan["attempts"])), packages=sh.packages,
+            revision=EvalRevision(**sh.revision) if sh.revision else None,
             metadata={"plan_hash": p_hash, "chain_head": sh.head, "checkpoint": ck["name"],
                       "adapter_sha256": ck["adapter_sha256"], "harness_name": h,
                       "harness_id": recs[0]["harness_id"] if recs else "", "held_out": h in held,
@@ -234,7 +233,7 @@ def write_inspect_logs(store: ArtifactStore, run_name: str, plan: dict[str, Any]
     folder (:meth:`schemas.ArtifactStore.write_bytes`), in plan order. Returns the paths.
 
     ``workers``: processes that build and write the logs (``concurrent.futures``, spawn; each gets
-    the shared inputs once and one log's turn rows at a time, read here, with at most ``workers``
+    the shared inputs once and one log's turn rows at a time, read here, with at most ``workers + 1``
     logs in flight). None: one per CPU when there are at least :data:`PARALLEL_MIN_SAMPLES`
     samples and more than one log, else this process. Building and compressing a log is
     CPU-bound Python (pydantic, zstd), so the pool divides the time by up to the CPUs.
@@ -270,7 +269,7 @@ def write_inspect_logs(store: ArtifactStore, run_name: str, plan: dict[str, Any]
             pending = []
             for job in jobs:
                 pending.append((job, pool.submit(_write_in_worker, job[0], job[1], turn_rows(job), tmp)))
-                if len(pending) >= workers:  # in plan order; at most `workers` logs' turns held at once
+                if len(pending) > workers:  # in plan order; a worker finds the next log's turns read
                     done, fut = pending.pop(0)
                     commit(done, fut.result())
             for done, fut in pending:
