@@ -243,8 +243,9 @@ def write_inspect_logs(store: ArtifactStore, run_name: str, plan: dict[str, Any]
 
     sh = _shared(run_name, plan, p_hash, rows, cells, tasks, systems)
     jobs = [(ck, h) for ck in plan["checkpoints"] for h in plan["harnesses"]]
-    if workers is None:
-        workers = min(os.cpu_count() or 1, len(jobs)) if len(sh.finals) >= PARALLEL_MIN_SAMPLES else 1
+    if workers is None:  # the CPUs this process may run on (a container's share, not the host's count)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = min(cpus, len(jobs)) if len(sh.finals) >= PARALLEL_MIN_SAMPLES else 1
     turns_of = _turns_of(turns)
 
     def turn_rows(job: tuple[dict[str, Any], str]) -> list[dict[str, Any]]:
@@ -267,13 +268,17 @@ def write_inspect_logs(store: ArtifactStore, run_name: str, plan: dict[str, Any]
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_init_worker, initargs=(sh,)) as pool:
             pending = []
-            for job in jobs:
-                pending.append((job, pool.submit(_write_in_worker, job[0], job[1], turn_rows(job), tmp)))
-                if len(pending) > workers:  # in plan order; a worker finds the next log's turns read
-                    done, fut = pending.pop(0)
+            try:
+                for job in jobs:
+                    pending.append((job, pool.submit(_write_in_worker, job[0], job[1], turn_rows(job), tmp)))
+                    if len(pending) > workers:  # in plan order; a worker finds the next log's turns read
+                        done, fut = pending.pop(0)
+                        commit(done, fut.result())
+                for done, fut in pending:
                     commit(done, fut.result())
-            for done, fut in pending:
-                commit(done, fut.result())
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)  # the queued logs are not started
+                raise
     return written
 
 

@@ -157,8 +157,8 @@ def join(backend: str, timeout_s: float | None = None) -> DistContext:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     check_backend(backend, world)
     if not dist.is_initialized():
-        if torch.cuda.is_available() and backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if torch.cuda.is_available():  # rank r on GPU r (gloo too: its CUDA tensors would all land on GPU 0)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         if timeout_s is None:
             timeout_s = float(os.environ.get("HARNESSRL_DIST_TIMEOUT_S", "86400"))
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -268,8 +268,8 @@ def shard_base_weights(root: Any, layers: Sequence[Any], keep: set[Any], device:
     (``torch.distributed.fsdp.fully_shard``, one 1-D mesh of all ranks): each module of ``layers``
     (the decoder layers) is one unit, all-gathered before its forward and freed after it (and
     again in the backward pass), and ``root`` (the module every forward goes through) holds the
-    rest (embeddings, final norm, output projection). A rank stores 1/N of the base weights; a
-    layer is whole only while it runs.
+    rest (embeddings, final norm, output projection), whole from its forward's start to its end
+    (and again in the backward pass). Between passes a rank stores 1/N of the base weights.
 
     ``keep`` (the LoRA weights) is left out of FSDP (``ignored_params``): replicated on every rank
     like under DDP, so the adapter, its AdamW state and its checkpoints are the plain tensors of one
@@ -287,19 +287,24 @@ def shard_base_weights(root: Any, layers: Sequence[Any], keep: set[Any], device:
     mesh = init_device_mesh("cuda" if device == "cuda" else "cpu", (dist.get_world_size(),))
     for layer in layers:
         fully_shard(layer, mesh=mesh, ignored_params=keep)
-    return fully_shard(root, mesh=mesh, ignored_params=keep)
+    # the root too is freed after every forward (FSDP keeps a root whole until the backward pass by
+    # default): after a no-grad pass every rank is then in the same state, whatever rank 0 alone
+    # does next (saving the adapter reshards a whole root on that rank only, and the ranks' next
+    # all-gathers would no longer match)
+    return fully_shard(root, mesh=mesh, ignored_params=keep, reshard_after_forward=True)
 
 
-def max_over_ranks(n: int, ctx: DistContext) -> int:
-    """The largest ``n`` over every rank (``all_reduce`` MAX); ``n`` itself on one process."""
+def max_over_ranks(values: Sequence[int], ctx: DistContext) -> list[int]:
+    """Each of ``values``' largest value over every rank (one ``all_reduce`` MAX; for 0/1 flags:
+    whether any rank set it); ``values`` itself on one process."""
     if ctx.world_size == 1:
-        return n
+        return list(values)
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([n], dtype=torch.int64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    t = torch.tensor(list(values), dtype=torch.int64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return [int(v) for v in t.tolist()]
 
 
 def average_gradients(params: Sequence[Any], ctx: DistContext) -> None:

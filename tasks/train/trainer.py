@@ -29,8 +29,9 @@ batch's old and reference log-probs are split the same way and gathered; the ste
 summed over the processes. With ``train.distributed.fsdp`` the frozen base weights are sharded
 (FSDP2, :func:`tasks.train.distributed.shard_base_weights`) instead of replicated, the LoRA
 weights stay replicated and their gradients are averaged by one all-reduce, and every process runs
-as many forward passes as the others (zero-weighted passes of one sequence fill in): the same
-step, bit for bit, as DDP's.
+as many forward passes as the others (zero-weighted passes of one sequence fill in): DDP's step
+to float rounding (bit-identical in the tests, 2 processes; with ``lora.dropout`` > 0 the padding
+passes draw dropout masks too, so the masks differ from DDP's).
 
 Memory: the frozen base weights are held in ``policy.autocast_dtype`` (bf16 by default; float32
 when autocast is off), the LoRA weights and the AdamW state in float32; forward passes under bf16
@@ -215,27 +216,21 @@ class Trainer:
 
     # ---- log-prob passes -------------------------------------------------------------------
     def _prefix_kw(self, seqs: list[TrainSequence], idx: list[int]) -> dict[str, Any]:
-        """Shared-prompt computation when enabled and it saves work (some prompt repeats). Under
-        FSDP the ranks agree on it for each forward (any rank's saving turns it on for all; one
-        ``all_reduce``): it calls every layer twice (prompts, then the rest), and every rank's
+        """Shared-prompt computation when enabled and it saves work (some prompt repeats, and
+        every sequence has a prompt). Under FSDP the ranks decide together, for each forward (one
+        ``all_reduce``): on when some rank's micro-batch repeats a prompt and none has a sequence
+        without one. That path calls every layer twice (prompts, then the rest), and every rank's
         forwards must all-gather the layers equally often.
-
-        Raises:
-            ValueError: under FSDP, the shared-prompt forward turned on by another rank for a
-                sequence without a prompt (its first token the policy's).
         """
         if not self.tc.share_prompt:
             return {}
         firsts = [tuple(seqs[i].ids[: prefix_len(seqs[i])]) for i in idx]
-        share = len(set(firsts)) < len(firsts) and min(len(f) for f in firsts) > 0
+        repeats, empty = len(set(firsts)) < len(firsts), min(len(f) for f in firsts) == 0
         if self.fsdp is not None:
             from tasks.train.distributed import max_over_ranks
 
-            share = bool(max_over_ranks(int(share), self.dist))
-            if share and min(len(f) for f in firsts) == 0:
-                raise ValueError(f"train: sequence {seqs[idx[[len(f) for f in firsts].index(0)]].episode_id!r} has "
-                                 "no prompt; under train.distributed.fsdp set train.share_prompt: false")
-        if not share:
+            repeats, empty = (bool(v) for v in max_over_ranks([int(repeats), int(empty)], self.dist))
+        if not repeats or empty:
             return {}
         return {"prefix_lens": [len(f) for f in firsts], "pad_id": self.pad_id}
 
@@ -251,7 +246,7 @@ class Trainer:
                                                                      self.tc.micro_batch_size)]
         if self.fsdp is not None:  # every rank all-gathers the layers as often as the others: pad with
             # forwards of one sequence whose log-probs are thrown away
-            mbs += [None] * (max_over_ranks(len(mbs), self.dist) - len(mbs))
+            mbs += [None] * (max_over_ranks([len(mbs)], self.dist)[0] - len(mbs))
         with torch.no_grad():
             for idx in mbs:
                 run = idx if idx is not None else [indices[0] if indices else 0]
@@ -323,18 +318,20 @@ class Trainer:
         recompute = tc.old_source == "recompute"
         old: dict[int, Any] = {}
         ref: dict[int, Any] = dict(ref_cache or {})
-        # the first mini-batch that trains takes its old log-probs from its own step (Batch.deferred);
+        # the first mini-batch takes its old log-probs from its own step (Batch.deferred), when it trains;
         # not under several processes (each rank would hold only its share) nor with KL in the
         # reward (its advantages need the log-probs before the step's forward)
         can_defer = (recompute and self.dist.world_size == 1
                      and not (kl_on and kl_cfg.placement in ("reward", "both")))
         deferred: set[int] = set()
         ref_deferred = False
-        for idx in layout:
+        for n, idx in enumerate(layout):
             todo = self._active(idx, static, kl_on)
             if not todo:
                 continue
-            if can_defer and not deferred:
+            # only the batch's first step trains at the version that fixes the batch: when the first
+            # mini-batch has no signal, its step still counts a version and nothing is deferred
+            if can_defer and n == 0:
                 deferred = set(todo)
                 ref_deferred = kl_on and self._ref_is_current() and any(i not in ref for i in todo)
                 missing = [i for i in todo if i not in ref] if kl_on and not ref_deferred else []
@@ -446,19 +443,26 @@ class Trainer:
         measure_mismatch = b.mismatch is None
         mbs = [[mine[j] for j in local] for local in micro_batches([seqs[i] for i in mine], tc.micro_batch_size)]
         # a rank with less to do joins the collectives with zero-gradient passes of one sequence: DDP's
-        # one all-reduce when it has nothing; under FSDP every forward and backward (all-gathers)
+        # one all-reduce when it has nothing (before its micro-batches: none); under FSDP every
+        # forward and backward (all-gathers), after its micro-batches, as in :meth:`passes`, so that
+        # the ranks' j-th forwards are the same micro-batches in both (the shared-prompt decision)
         n_idle = 0
         if active and self.fsdp is not None:
             from tasks.train.distributed import max_over_ranks
 
-            n_idle = max_over_ranks(len(mbs), self.dist) - len(mbs)
+            n_idle = max_over_ranks([len(mbs)], self.dist)[0] - len(mbs)
         elif active and self.ddp is not None and not mbs:
             n_idle = 1
-        for _ in range(n_idle):
-            ids, attn, mask, _ = pad_batch(seqs, active[:1], self.pad_id)
-            logp, _ = self._forward(ids, attn, mask, seqs[active[0]].sampling_key, False,
-                                    self._prefix_kw(seqs, active[:1]))
-            (logp.sum() * 0.0).backward()
+
+        def idle_passes() -> None:
+            for _ in range(n_idle):
+                ids, attn, mask, _ = pad_batch(seqs, active[:1], self.pad_id)
+                logp, _ = self._forward(ids, attn, mask, seqs[active[0]].sampling_key, False,
+                                        self._prefix_kw(seqs, active[:1]))
+                (logp.sum() * 0.0).backward()
+
+        if self.fsdp is None:
+            idle_passes()
         had_deferred = bool(b.deferred)
         for n_mb, mb in enumerate(mbs):
             ids, attn, mask, blogp = pad_batch(seqs, mb, self.pad_id)
@@ -505,6 +509,8 @@ class Trainer:
                 d = (logp.detach() - blogp).abs()[mask.bool()]
                 mis_sum, mis_n = mis_sum + float(d.sum()), mis_n + d.numel()
                 mis_max = max(mis_max, float(d.max())) if d.numel() else mis_max
+        if self.fsdp is not None:
+            idle_passes()
         if had_deferred and not b.deferred and b.mismatch is None:  # the whole batch's, now that old is complete
             b.mismatch = self._mismatch(seqs, b.old)
         if self.fsdp is not None and active:  # the LoRA weights are replicated: DDP's all-reduce, by hand

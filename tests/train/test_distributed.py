@@ -3,6 +3,7 @@ batch keeping its meaning (2 processes train the 1-process adapter, with the bas
 replicated (DDP) or sharded (FSDP2)), resume under 2 processes, and the config refusing what is
 not built."""
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from safetensors.torch import load_file
 from tasks.config import RunConfig
 from tasks.hashing import sha256_dir
 from tasks.train.distributed import DistContext, check_backend, my_share, shard_groups
-from tasks.train.loops import train, train_distributed
+from tasks.train.batches import plan_groups
+from tasks.train.loops import frozen_schedule, train, train_distributed
 from tasks.train.trainer import Trainer
 from tests.train.test_trainer import _cfg, _fp32, _seqs
 
@@ -235,8 +237,6 @@ class _ShardProbe:
 def _shared_prompts(seqs):
     """The same sequences with each group's prompt made its first member's (the shared-prompt
     forward then runs: every FSDP layer is called twice in one forward)."""
-    import dataclasses
-
     first: dict[str, list[int]] = {}
     out = []
     for s in seqs:
@@ -259,13 +259,25 @@ def fsdp_runs(tiny_model_dir, tmp_path_factory):
         train_distributed(cfg, tiny_model_dir, _data(), root / "cut", log=LOG, state_path=state, resume_key="k",
                           stop_after=1)
     cut_version = torch.load(state, weights_only=False)["version"]
+    # shared prompts, no KL, and a first mini-batch whose groups have constant rewards: step 1 runs
+    # no forward (zero advantages) right after the batch's no-grad passes, and rank 0 alone saves
+    # the resumable state before step 2's forwards (a root FSDP unit left whole by the no-grad
+    # passes and resharded by rank 0's save alone would make the ranks' all-gathers differ)
+    plain = {**_kw(), "kl": {"beta": 0.0}}
+    c1 = _fp32(_cfg(tiny_model_dir, **plain))
+    c2 = _fp32(_cfg(tiny_model_dir, **plain, distributed={"world_size": 2, "backend": "gloo", "fsdp": True}))
     shared = _shared_prompts(_data())
+    groups = plan_groups([s.reward for s in shared], [s.task_id for s in shared], [s.harness_id for s in shared],
+                         c1.train.grouping, scale=c1.train.advantage_scale).groups
+    first = set(frozen_schedule(c1, groups)[0][3])
+    shared = [dataclasses.replace(s, reward=1.0) if i in first else s for i, s in enumerate(shared)]
     return {
         "probe": root / "probe.json", "cut_version": cut_version,
         "two": train_distributed(cfg, tiny_model_dir, _data(), root / "two", log=LOG, state_path=state,
                                  resume_key="k", after_step=_ShardProbe(root / "probe.json")),
-        "shared_one": train(_fp32(_cfg(tiny_model_dir, **_kw())), tiny_model_dir, shared, root / "s1", log=LOG),
-        "shared_two": train_distributed(cfg, tiny_model_dir, shared, root / "s2", log=LOG),
+        "shared_one": train(c1, tiny_model_dir, shared, root / "s1", log=LOG),
+        "shared_two": train_distributed(c2, tiny_model_dir, shared, root / "s2", log=LOG,
+                                        state_path=root / "s2-state.pt", resume_key="s"),
     }
 
 
@@ -290,7 +302,10 @@ def test_fsdp_shards_the_base_weights_and_two_processes_train_the_one_process_ad
     # same step as DDP's, and a resume that loses nothing
     assert fsdp_runs["cut_version"] == 1
     assert sha256_dir(two.adapter_dir) == sha256_dir(one_and_two["two"].adapter_dir)
-    # with shared prompts (each layer runs twice per forward) too
+    # with shared prompts (each layer runs twice per forward), a step without a forward, and rank 0
+    # saving the state between the passes and the next forward
     s1, s2 = fsdp_runs["shared_one"], fsdp_runs["shared_two"]
+    assert [r["grad_norm"] for r in s2.steps][0] == 0.0 and s2.steps[1]["grad_norm"] > 0  # step 1: no signal
     assert _max_diff(_adapter(s1.adapter_dir), _adapter(s2.adapter_dir)) <= 1e-5
+    assert _max_diff(_adapter(s2.adapter_dir), a0) > 1e-3
     assert [r["tokens"] for r in s1.steps] == [r["tokens"] for r in s2.steps]

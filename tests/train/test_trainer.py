@@ -2,6 +2,7 @@
 after a kill, starting adapters and the reference, micro-batch invariance, GSPO's clip acting,
 online sampling with bounded staleness, and the masks."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,23 @@ def test_ppo_epochs_reuse_the_epochs_old_logprobs(tiny_model_dir, tmp_path):
     assert res.steps[1]["ratio_max"] > 1.0 and res.steps[2]["ratio_min"] < 1.0  # later passes: off-policy
     fresh = train(_cfg(tiny_model_dir, epochs=3), tiny_model_dir, _seqs(), tmp_path / "b", log=_quiet)
     assert all(r["ratio_min"] == r["ratio_max"] == 1.0 for r in fresh.steps)  # each epoch re-fixes old
+
+
+def test_an_epoch_whose_first_mini_batch_has_no_signal_trains_the_rest(tiny_model_dir, tmp_path):
+    # GRPO groups whose samples all score the same are common (tasks all fail); when the epoch's
+    # first mini-batch holds only such groups its step takes no optimizer step but counts a
+    # version, so the next mini-batch cannot take its old log-probs from its own step (it once
+    # raised "the batch's first mini-batch must be trained first")
+    cfg = _cfg(tiny_model_dir, batch_size=1, kl={"beta": 0.0})
+    seqs = _seqs(n=9, group=3)
+    first = set(frozen_schedule(cfg, [[0, 1, 2], [3, 4, 5], [6, 7, 8]])[0][3])
+    seqs = [dataclasses.replace(s, reward=1.0) if i in first else s for i, s in enumerate(seqs)]
+    res = train(cfg, tiny_model_dir, seqs, tmp_path / "a", log=_quiet)
+    assert len(res.steps) == 3 and res.steps[0]["grad_norm"] == 0.0 and res.steps[0]["sequences"] == 3
+    # the second step's old log-probs are the policy's when the batch was fixed (unchanged by the
+    # empty step): its ratio is exactly 1
+    assert res.steps[1]["ratio_min"] == res.steps[1]["ratio_max"] == 1.0 and res.steps[1]["grad_norm"] > 0
+    assert res.steps[2]["ratio_max"] > 1.0  # and the third is off-policy, as in any epoch
 
 
 def test_first_mini_batch_takes_its_old_logprobs_from_its_own_step(tiny_model_dir):
