@@ -399,7 +399,12 @@ class Trainer:
         if not (kl_cfg.beta > 0 and kl_cfg.placement in ("reward", "both")):
             return b.static_adv[idx], float("nan")
         seqs = b.seqs
-        cur = {i: b.old[i] for i in idx} if self.version == b.old_version else self.passes(seqs, idx, "policy")
+        if self.version == b.old_version:
+            cur = {i: b.old[i] for i in idx}
+        else:  # each rank its share (the step's micro-batches), gathered: every rank needs every penalty
+            from tasks.train.distributed import gather_dict
+
+            cur = gather_dict(self.passes(seqs, self.share(b.plan, seqs, idx), "policy"), self.dist)
         pen = torch.zeros(len(idx), dtype=torch.float64)
         for r, i in enumerate(idx):
             m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
