@@ -264,11 +264,17 @@ def fsdp_runs(tiny_model_dir, tmp_path_factory):
     plain = {**_kw(), "kl": {"beta": 0.0}}
     c1 = _fp32(_cfg(tiny_model_dir, **plain))
     c2 = _fp32(_cfg(tiny_model_dir, **plain, distributed={"world_size": 2, "backend": "gloo", "fsdp": True}))
-    shared = _shared_prompts(_data())
+    # 4 groups of 3, 2 a step; the second step's groups then made 3 and 2 sequences: with
+    # micro-batches of 2 one rank runs [shared, single] and the other [shared] plus a padding
+    # pass, so the ranks' votes on the shared-prompt path pair up as in the no-grad passes only
+    # when the padding comes after a rank's own micro-batches in both (else the step computes a
+    # micro-batch another way than its old log-probs, and its ratio is not exactly 1)
+    shared = _shared_prompts(_seqs(n=12, group=3))
     groups = plan_groups([s.reward for s in shared], [s.task_id for s in shared], [s.harness_id for s in shared],
                          c1.train.grouping, scale=c1.train.advantage_scale).groups
-    first = set(frozen_schedule(c1, groups)[0][3])
-    shared = [dataclasses.replace(s, reward=1.0) if i in first else s for i, s in enumerate(shared)]
+    sched = frozen_schedule(c1, groups)
+    first, drop = set(sched[0][3]), max(sched[1][3])
+    shared = [dataclasses.replace(s, reward=1.0) if i in first else s for i, s in enumerate(shared) if i != drop]
     return {
         "probe": root / "probe.json", "cut_version": cut_version,
         "two": train_distributed(cfg, tiny_model_dir, _data(), root / "two", log=LOG, state_path=state,
@@ -304,6 +310,10 @@ def test_fsdp_shards_the_base_weights_and_two_processes_train_the_one_process_ad
     # saving the state between the passes and the next forward
     s1, s2 = fsdp_runs["shared_one"], fsdp_runs["shared_two"]
     assert [r["grad_norm"] for r in s2.steps][0] == 0.0 and s2.steps[1]["grad_norm"] > 0  # step 1: no signal
+    assert [r["sequences"] for r in s2.steps] == [6, 5]
+    # step 2 trains the weights its old log-probs were computed with (step 1 changed nothing)
+    assert s1.steps[1]["ratio_min"] == s1.steps[1]["ratio_max"] == 1.0
+    assert s2.steps[1]["ratio_min"] == s2.steps[1]["ratio_max"] == 1.0
     assert _max_diff(_adapter(s1.adapter_dir), _adapter(s2.adapter_dir)) <= 1e-5
     assert _max_diff(_adapter(s2.adapter_dir), a0) > 1e-3
     assert [r["tokens"] for r in s1.steps] == [r["tokens"] for r in s2.steps]
