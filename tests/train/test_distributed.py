@@ -302,8 +302,8 @@ def test_fsdp_shards_the_base_weights_and_two_processes_train_the_one_process_ad
         assert (r1["tokens"], r1["sequences"]) == (r2["tokens"], r2["sequences"])
         for k in ("loss", "kl", "grad_norm", "ratio_max"):
             assert r2[k] == pytest.approx(r1[k], rel=1e-5, abs=1e-7), k
-    # killed after step 1 and resumed, it ends byte for byte where DDP's uninterrupted run ends: the
-    # same step as DDP's, and a resume that loses nothing
+    # killed after step 1 and resumed, it ends byte for byte where DDP's run ends (itself resumed, and
+    # equal to torchrun's uninterrupted one): the same step as DDP's, and a resume that loses nothing
     assert fsdp_runs["cut_version"] == 1
     assert sha256_dir(two.adapter_dir) == sha256_dir(one_and_two["two"].adapter_dir)
     # with shared prompts (each layer runs twice per forward), a step without a forward, and rank 0
