@@ -146,6 +146,11 @@ def test_bad_task_folders_are_refused_naming_folder_and_field(tmp_path, name, fi
     assert str(folder) in str(e.value)
 
 
+def test_a_missing_task_folder_is_named_as_missing(tmp_path):
+    with pytest.raises(TaskFormatError, match="nope: folder: no such directory"):
+        task_from_folder(tmp_path / "nope", "t")
+
+
 def test_symlink_in_workspace_refused(tmp_path):
     folder = _write(tmp_path / "t", TB1_OK)
     (folder / "workspace").mkdir()

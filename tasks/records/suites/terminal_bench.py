@@ -245,6 +245,8 @@ def _err(folder: Path, field: str, msg: str) -> TaskFormatError:
 
 
 def _parse(folder: Path) -> _Parsed:
+    if not folder.is_dir():
+        raise _err(folder, "folder", "no such directory")
     if (folder / "task.yaml").is_file():
         return _parse_tb1(folder)
     if (folder / "task.toml").is_file() or (folder / "instruction.md").is_file():
