@@ -245,11 +245,11 @@ class Trainer:
         mbs = [[indices[j] for j in local] for local in micro_batches([seqs[i] for i in indices],
                                                                      self.tc.micro_batch_size)]
         if self.fsdp is not None:  # every rank all-gathers the layers as often as the others: pad with
-            # forwards of one sequence whose log-probs are thrown away
+            # forwards of one sequence (the shortest) whose log-probs are thrown away
             mbs += [None] * (max_over_ranks([len(mbs)], self.dist)[0] - len(mbs))
         with torch.no_grad():
             for idx in mbs:
-                run = idx if idx is not None else [indices[0] if indices else 0]
+                run = idx if idx is not None else [min(indices or range(len(seqs)), key=lambda i: len(seqs[i].ids))]
                 ids, attn, mask, _ = pad_batch(seqs, run, self.pad_id)
                 args = (ids, attn, mask, seqs[run[0]].sampling_key, False, self._prefix_kw(seqs, run), False)
                 if which == "policy":
@@ -460,10 +460,12 @@ class Trainer:
             n_idle = 1
 
         def idle_passes() -> None:
+            if not n_idle:
+                return
+            pad = [min(active, key=lambda i: len(seqs[i].ids))]  # the shortest: the cheapest pass
             for _ in range(n_idle):
-                ids, attn, mask, _ = pad_batch(seqs, active[:1], self.pad_id)
-                logp, _ = self._forward(ids, attn, mask, seqs[active[0]].sampling_key, False,
-                                        self._prefix_kw(seqs, active[:1]))
+                ids, attn, mask, _ = pad_batch(seqs, pad, self.pad_id)
+                logp, _ = self._forward(ids, attn, mask, seqs[pad[0]].sampling_key, False, self._prefix_kw(seqs, pad))
                 (logp.sum() * 0.0).backward()
 
         if self.fsdp is None:
