@@ -157,8 +157,8 @@ def join(backend: str, timeout_s: float | None = None) -> DistContext:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     check_backend(backend, world)
     if not dist.is_initialized():
-        if torch.cuda.is_available():  # rank r on GPU r (gloo too: its CUDA tensors would all land on GPU 0)
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        if torch.cuda.is_available() and backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if timeout_s is None:
             timeout_s = float(os.environ.get("HARNESSRL_DIST_TIMEOUT_S", "86400"))
         timeout = datetime.timedelta(seconds=timeout_s)

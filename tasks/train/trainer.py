@@ -166,6 +166,10 @@ class Trainer:
         from tasks.train.distributed import context
 
         self.dist = context()
+        if self.device == "cuda" and self.dist.world_size > 1:  # rank r on GPU r, gloo too (nccl: set by join)
+            import os
+
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         dc = cfg.train.distributed
         fsdp = self.dist.world_size > 1 and dc is not None and dc.fsdp
         # under FSDP the base is read into host memory and each layer's shard moved to the device as
