@@ -220,7 +220,7 @@ def test_a_pool_of_export_processes_writes_the_logs_this_process_writes(sealed, 
     pooled = ArtifactStore(tmp_path / "pooled")
     paths = write_inspect_logs(pooled, cfg.name, plan, ph, store.rows(out["evaluations"]), store.rows(out["eval_cells"]),
                                store.rows(out["eval_turns"]), {t["task_id"]: t for t in tasks}, systems, workers=2)
-    assert paths == sorted(store.list_files("evaluate/inspect"), key=paths.index) and len(paths) == 4
+    assert sorted(paths) == sorted(store.list_files("evaluate/inspect")) and len(paths) == 4
 
     def content(root, rel):
         log = read_eval_log(f"{root}/{rel}")
