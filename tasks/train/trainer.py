@@ -169,7 +169,7 @@ class Trainer:
         if self.device == "cuda" and self.dist.world_size > 1:  # rank r on GPU r, gloo too (nccl: set by join)
             import os
 
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", str(self.dist.rank))) % torch.cuda.device_count())
         dc = cfg.train.distributed
         fsdp = self.dist.world_size > 1 and dc is not None and dc.fsdp
         # under FSDP the base is read into host memory and each layer's shard moved to the device as
