@@ -85,8 +85,8 @@ def write_exports(store: ArtifactStore, run_name: str, plan: dict[str, Any], p_h
                   systems: dict[str, str]) -> list[str]:
     """Write the SWE-bench-style files and the Inspect logs atomically; returns the written paths.
     ``turns``: the attempts' turn rows, or a function from eval_ids to their turn rows (one Inspect
-    log's worth at a time; see :func:`tasks.evaluate.inspect_log.inspect_logs`); ``tasks``: task_id -> task row; ``systems``: harness name ->
-    its rendered system prompt (see :func:`tasks.evaluate.inspect_log.inspect_logs`)."""
+    log's worth at a time); ``tasks``: task_id -> task row; ``systems``: harness name -> its rendered
+    system prompt (see :func:`tasks.evaluate.inspect_log.write_inspect_logs`)."""
     from tasks.evaluate.inspect_log import write_inspect_logs
 
     files = swebench_files(run_name, plan, rows)

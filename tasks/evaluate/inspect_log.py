@@ -33,7 +33,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Union
 
@@ -132,29 +132,6 @@ def _turns_of(turns: TurnSource) -> Callable[[set[str]], list[dict[str, Any]]]:
     return turns if callable(turns) else (lambda ids, _all=turns: [t for t in _all if t["episode_id"] in ids])
 
 
-def inspect_logs(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
-                 cells: list[dict[str, Any]], turns: TurnSource, tasks: dict[str, dict[str, Any]],
-                 systems: dict[str, str]) -> Iterator[tuple[str, Any]]:
-    """The Inspect logs of a sealed evaluation (see the module docstring), yielded one at a time
-    as ``(run-relative path, inspect_ai.log.EvalLog)`` in plan order (checkpoint-major), so that
-    a caller holds one (checkpoint, harness)'s turns at a time.
-
-    Args:
-        rows: the sealed ``evaluations`` rows (chain order).
-        cells: the ``eval_cells`` rows (for the cell metrics).
-        turns: the attempts' ``turns`` rows (episode_id = eval_id), or a function from a set of
-            eval_ids to those episodes' turn rows (e.g. read from the committed ``eval_turns``).
-        tasks: task_id -> ``tasks`` row (``instruction``).
-        systems: harness name -> the rendered system prompt of that harness.
-    """
-    sh = _shared(run_name, plan, p_hash, rows, cells, tasks, systems)
-    turns_of = _turns_of(turns)
-    for ck in plan["checkpoints"]:
-        for h in plan["harnesses"]:
-            ids = {sh.finals[k]["eval_id"] for k in sh.keys(ck["name"], h)}
-            yield log_path(ck["name"], h), _build(sh, ck, h, turns_of(ids))
-
-
 def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, Any]]) -> Any:
     """The ``EvalLog`` of (checkpoint ``ck``, harness ``h``) from its final attempts' turn rows."""
     from inspect_ai.log import (EvalConfig, EvalDataset, EvalError, EvalLog, EvalMetric, EvalResults, EvalRevision,
@@ -228,9 +205,18 @@ def write_inspect_logs(store: ArtifactStore, run_name: str, plan: dict[str, Any]
                        rows: list[dict[str, Any]], cells: list[dict[str, Any]], turns: TurnSource,
                        tasks: dict[str, dict[str, Any]], systems: dict[str, str], workers: int | None = None
                        ) -> list[str]:
-    """Build the Inspect logs (:func:`inspect_logs`; same arguments), write each with
+    """Build the Inspect logs of a sealed evaluation (see the module docstring), one per
+    (checkpoint, harness) in plan order, holding one log's turns at a time; write each with
     :func:`inspect_ai.log.write_eval_log` to a local temporary file, then atomically into the run
-    folder (:meth:`schemas.ArtifactStore.write_bytes`), in plan order. Returns the paths.
+    folder (:meth:`schemas.ArtifactStore.write_bytes`). Returns the paths.
+
+    Args:
+        rows: the sealed ``evaluations`` rows (chain order).
+        cells: the ``eval_cells`` rows (for the cell metrics).
+        turns: the attempts' ``turns`` rows (episode_id = eval_id), or a function from a set of
+            eval_ids to those episodes' turn rows (e.g. read from the committed ``eval_turns``).
+        tasks: task_id -> ``tasks`` row (``instruction``).
+        systems: harness name -> the rendered system prompt of that harness.
 
     ``workers``: processes that build and write the logs (``concurrent.futures``, spawn; each gets
     the shared inputs once and one log's turn rows at a time, read here, with at most ``workers + 1``
