@@ -346,9 +346,8 @@ class Trainer:
             missing = [i for i in mine if i not in ref] if kl_on else []
             if self._ref_is_current():
                 new_ref = {i: cur[i] for i in missing}
-            else:  # under FSDP a rank with nothing missing still joins the pass's all-gathers
-                joins = kl_on and self.fsdp is not None
-                new_ref = self.passes(seqs, missing, "reference") if missing or joins else {}
+            else:  # every rank calls it, a rank with nothing missing too (under FSDP it joins the all-gathers)
+                new_ref = self.passes(seqs, missing, "reference") if kl_on else {}
             cur, new_ref = gather_dict(cur, self.dist), gather_dict(new_ref, self.dist)
             ref.update(new_ref)
             for i in todo:
@@ -451,10 +450,10 @@ class Trainer:
         mis_sum, mis_max, mis_n = 0.0, 0.0, 0
         measure_mismatch = b.mismatch is None
         mbs = [[mine[j] for j in local] for local in micro_batches([seqs[i] for i in mine], tc.micro_batch_size)]
-        # a rank with less to do joins the collectives with zero-gradient passes of one sequence: DDP's
-        # one all-reduce when it has nothing (before its micro-batches: none); under FSDP every
-        # forward and backward (all-gathers), after its micro-batches, as in :meth:`passes`, so that
-        # the ranks' j-th forwards are the same micro-batches in both (the shared-prompt decision)
+        # a rank with less to do joins the collectives with zero-gradient passes of one sequence, after
+        # its micro-batches as in :meth:`passes` (so that the ranks' j-th forwards are the same in both:
+        # the shared-prompt decision): DDP's one all-reduce when it has nothing; under FSDP every
+        # forward and backward (all-gathers)
         n_idle = 0
         if active and self.fsdp is not None:
             from tasks.train.distributed import max_over_ranks
@@ -462,18 +461,6 @@ class Trainer:
             n_idle = max_over_ranks([len(mbs)], self.dist)[0] - len(mbs)
         elif active and self.ddp is not None and not mbs:
             n_idle = 1
-
-        def idle_passes() -> None:
-            if not n_idle:
-                return
-            pad = [min(active, key=lambda i: len(seqs[i].ids))]  # the shortest: the cheapest pass
-            for _ in range(n_idle):
-                ids, attn, mask, _ = pad_batch(seqs, pad, self.pad_id)
-                logp, _ = self._forward(ids, attn, mask, seqs[pad[0]].sampling_key, False, self._prefix_kw(seqs, pad))
-                (logp.sum() * 0.0).backward()
-
-        if self.fsdp is None:
-            idle_passes()
         had_deferred = bool(b.deferred)
         for n_mb, mb in enumerate(mbs):
             ids, attn, mask, blogp = pad_batch(seqs, mb, self.pad_id)
@@ -520,8 +507,12 @@ class Trainer:
                 d = (logp.detach() - blogp).abs()[mask.bool()]
                 mis_sum, mis_n = mis_sum + float(d.sum()), mis_n + d.numel()
                 mis_max = max(mis_max, float(d.max())) if d.numel() else mis_max
-        if self.fsdp is not None:
-            idle_passes()
+        if n_idle:
+            pad = [min(active, key=lambda i: len(seqs[i].ids))]  # the shortest: the cheapest pass
+            for _ in range(n_idle):
+                ids, attn, mask, _ = pad_batch(seqs, pad, self.pad_id)
+                logp, _ = self._forward(ids, attn, mask, seqs[pad[0]].sampling_key, False, self._prefix_kw(seqs, pad))
+                (logp.sum() * 0.0).backward()
         if had_deferred and not b.deferred and b.mismatch is None:  # the whole batch's, now that old is complete
             b.mismatch = self._mismatch(seqs, b.old)
         if self.fsdp is not None and active:  # the LoRA weights are replicated: DDP's all-reduce, by hand
