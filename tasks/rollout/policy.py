@@ -131,8 +131,9 @@ class HFPolicy:
         self.model.eval()
         try:
             with torch.inference_mode():
-                res = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                          generation_config=gen_cfg, logits_processor=warpers)
+                ids, attn = ids.to(device), attn.to(device)
+                res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=gen_cfg,
+                                          logits_processor=warpers, cache=self._shared_prompt_cache(ids, attn))
         finally:
             self.model.train(was_training)
         seqs = res.sequences[:, width:].cpu()
@@ -144,6 +145,38 @@ class HFPolicy:
             gens.append(Generation(token_ids=toks, logprobs=lps, finish_reason=finish,
                                    text=self.tokenizer.decode(toks, skip_special_tokens=True)))
         return gens
+
+    def _shared_prompt_cache(self, ids: Any, attn: Any) -> Any:
+        """The key/value cache of the batch's prompts but their last column, computed once per
+        distinct prompt and gathered to every row, or None when no two rows share a prompt (or
+        the prompts are one column wide).
+
+        Why: the G samples of a group share their prompt, so ``generate``'s prefill would
+        compute it G times (``benchmarks/train_step.py`` samples 16 prompts x 8: 128 prefill rows
+        for 16 prompts). ``generate`` runs the last column itself, so the first sampled token and every
+        later one condition on the same prompt states. Position ids are ``generate``'s own
+        (attention-mask cumsum, 0 on padding), so the rows' states equal those of the full
+        prefill up to the matmul's blocking (the tests compare the sampled tokens and log-probs).
+
+        Args:
+            ids: ``[B, W]`` long, left-padded prompts on the model's device.
+            attn: ``[B, W]`` long, 1 on prompt tokens.
+        """
+        import torch
+
+        if ids.shape[1] < 2:
+            return None
+        first: dict[tuple[int, ...], int] = {}
+        rows = [first.setdefault(tuple(r), len(first)) for r in ids.tolist()]
+        if len(first) == len(rows):
+            return None
+        pick = torch.tensor([rows.index(u) for u in range(len(first))], device=ids.device)
+        u_ids, u_attn = ids[pick, :-1], attn[pick, :-1]
+        pos = (u_attn.cumsum(-1) - 1).masked_fill(u_attn == 0, 0)
+        cache = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=pos, use_cache=True,
+                           logits_to_keep=1).cache
+        cache.batch_select_indices(torch.tensor(rows, device=ids.device))
+        return cache
 
 
 def plan_batches(lengths: list[int], max_rows: int, overhead_tokens: int) -> list[list[int]]:
