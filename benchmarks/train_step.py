@@ -20,7 +20,12 @@ TRL is installed only for this benchmark, in ``.venv-bench`` layered over ``.ven
     echo "import site; site.addsitedir('$(.venv/bin/python -c 'import site; print(site.getsitepackages()[0])')')" \\
         > "$(.venv-bench/bin/python -c 'import site; print(site.getsitepackages()[0])')/harnessrl-main-venv.pth"
     .venv-bench/bin/pip install --no-deps trl==1.16.0 && .venv-bench/bin/pip install datasets==5.2.0
-    .venv-bench/bin/python benchmarks/train_step.py [--iters 3] [--smollm2]
+    .venv-bench/bin/python benchmarks/train_step.py [--iters 3] [--rounds 3] [--smollm2]
+
+``--rounds N`` runs ours then TRL N times. The row has each side's median seconds per iteration and
+the ratio of each round (TRL's seconds over ours, the throughput ratio), with their median as
+``throughput_ratio_ours_over_trl``. A slow spell of a shared machine then slows both sides of one
+round rather than one side of the only round.
 
 ``--smoke`` (the test suite, plain ``.venv``): our side only, on a 2-layer tiny model, 4 prompts x 2
 completions x 16 tokens, one timed iteration; TRL's side and the loss comparison need
@@ -36,6 +41,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -207,6 +213,8 @@ def main() -> None:
     ap.add_argument("--side", choices=["ours", "trl", "loss"])
     ap.add_argument("--model-dir")
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run ours then TRL this many times; the row has the medians and each round's ratio")
     ap.add_argument("--autocast", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--smollm2", action="store_true", help="also time our trainer on SmolLM2-135M (bf16)")
     ap.add_argument("--micro", type=int, default=32, help="our trainer's micro-batch size (sequences per forward)")
@@ -214,6 +222,8 @@ def main() -> None:
                     help="our trainer's micro-batch size on SmolLM2 (default: the config default, 8)")
     ap.add_argument("--smoke", action="store_true", help="ours only, 2-layer tiny model, 4 prompts x 2 x 16 tokens")
     a = ap.parse_args()
+    if a.rounds < 1 or a.iters < 1:
+        ap.error(f"--rounds and --iters must be >= 1, got {a.rounds} and {a.iters}")
     global N_PROMPTS, GROUP, MAX_NEW
     if a.smoke:
         N_PROMPTS, GROUP, MAX_NEW, a.smollm2 = 4, 2, 16, False
@@ -232,25 +242,31 @@ def main() -> None:
             model_dir = str(tiny_model(Path(tmp) / "tiny"))
         else:
             model_dir = str(build_tiny_model(Path(tmp) / "tiny", seed=0, layers=4, hidden=256, vocab=1024))
-        ours = run_side("ours", model_dir, a.iters + 1, a.autocast, smoke=a.smoke)
-        trl = None if a.smoke else run_side("trl", model_dir, a.iters + 1, a.autocast)
+        rounds = []  # ours then TRL, a.rounds times: a slow spell of the machine hits both sides of a round
+        for _ in range(a.rounds):
+            rounds.append({"ours": run_side("ours", model_dir, a.iters + 1, a.autocast, smoke=a.smoke),
+                           "trl": None if a.smoke else run_side("trl", model_dir, a.iters + 1, a.autocast)})
         loss = None if a.smoke else run_side("loss", model_dir, 1, a.autocast)
     samples = N_PROMPTS * GROUP
     row = {"benchmark": "train_step", "python": platform.python_version(), "iters_timed": a.iters,
-           "autocast": a.autocast, "model": "tiny-2x128-v1024" if a.smoke else "tiny-4x256-v1024", "prompts": N_PROMPTS,
-           "group": GROUP, "max_new_tokens": MAX_NEW, "lora_rank": RANK, "smoke": a.smoke}
+           "rounds": a.rounds, "autocast": a.autocast, "model": "tiny-2x128-v1024" if a.smoke else "tiny-4x256-v1024",
+           "prompts": N_PROMPTS, "group": GROUP, "max_new_tokens": MAX_NEW, "lora_rank": RANK, "smoke": a.smoke}
     if a.smoke:
         row["skipped"] = "TRL side and the same-batch loss comparison (TRL lives in .venv-bench)"
-    for name, r in (("ours", ours), ("trl", trl)):
-        if r is None:
+    per_round: dict[str, list[float]] = {}
+    for name in ("ours", "trl"):
+        if rounds[0][name] is None:
             continue
-        secs = r["seconds"][1:]  # the first iteration is a warm-up
-        row[f"{name}_s_per_iter"] = round(sum(secs) / len(secs), 3)
+        # a round's seconds per iteration: the mean over its timed iterations (the first is a warm-up)
+        per_round[name] = [statistics.fmean(rd[name]["seconds"][1:]) for rd in rounds]
+        row[f"{name}_s_per_iter"] = round(statistics.median(per_round[name]), 3)
         row[f"{name}_samples_per_s"] = round(samples / row[f"{name}_s_per_iter"], 2)
-        row[f"{name}_peak_rss_mb"] = round(r["peak_rss_mb"])
-        row[f"{name}_completion_tokens"] = r["completion_tokens"][1:]
-    if trl is not None and loss is not None:
-        row["throughput_ratio_ours_over_trl"] = round(row["ours_samples_per_s"] / row["trl_samples_per_s"], 2)
+        row[f"{name}_peak_rss_mb"] = round(max(rd[name]["peak_rss_mb"] for rd in rounds))
+        row[f"{name}_completion_tokens"] = rounds[0][name]["completion_tokens"][1:]
+    if "trl" in per_round and loss is not None:
+        ratios = [t / o for o, t in zip(per_round["ours"], per_round["trl"])]
+        row["throughput_ratio_per_round"] = [round(x, 2) for x in ratios]
+        row["throughput_ratio_ours_over_trl"] = round(statistics.median(ratios), 2)  # the median round's
         row["loss_same_batch"] = loss
         row["losses_agree"] = all(abs(v["trl"] - v["ours"]) <= 1e-5 * (1 + abs(v["trl"])) for v in loss.values())
     if a.smollm2:
