@@ -101,6 +101,8 @@ class HFPolicy:
         from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                             TopPLogitsWarper)
 
+        from tasks.rollout.kv_cache import reserved_cache
+
         device = self.cfg.device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -132,8 +134,9 @@ class HFPolicy:
         try:
             with torch.inference_mode():
                 ids, attn = ids.to(device), attn.to(device)
+                cache = reserved_cache(self.model.config, width + sampling.max_new_tokens)
                 res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=gen_cfg,
-                                          logits_processor=warpers, cache=self._shared_prompt_cache(ids, attn))
+                                          logits_processor=warpers, cache=self._shared_prompt_cache(ids, attn, cache))
         finally:
             self.model.train(was_training)
         seqs = res.sequences[:, width:].cpu()
@@ -146,10 +149,10 @@ class HFPolicy:
                                    text=self.tokenizer.decode(toks, skip_special_tokens=True)))
         return gens
 
-    def _shared_prompt_cache(self, ids: Any, attn: Any) -> Any:
-        """The key/value cache of the batch's prompts but their last column, computed once per
-        distinct prompt and gathered to every row, or None when no two rows share a prompt (or
-        the prompts are one column wide).
+    def _shared_prompt_cache(self, ids: Any, attn: Any, cache: Any = None) -> Any:
+        """``cache`` filled with the batch's prompts but their last column, computed once per
+        distinct prompt and gathered to every row; ``cache`` itself, empty, when no two rows
+        share a prompt or the prompts are one column wide (``generate`` then prefills it).
 
         Why: the G samples of a group share their prompt, so ``generate``'s prefill would
         compute it G times (``benchmarks/train_step.py`` samples 16 prompts x 8: 128 prefill rows
@@ -161,19 +164,21 @@ class HFPolicy:
         Args:
             ids: ``[B, W]`` long, left-padded prompts on the model's device.
             attn: ``[B, W]`` long, 1 on prompt tokens.
+            cache: an empty transformers ``Cache`` to fill (:func:`tasks.rollout.kv_cache.
+                reserved_cache`), or None for the model's default.
         """
         import torch
 
         if ids.shape[1] < 2:
-            return None
+            return cache
         first: dict[tuple[int, ...], int] = {}
         rows = [first.setdefault(tuple(r), len(first)) for r in ids.tolist()]
         if len(first) == len(rows):
-            return None
+            return cache
         pick = torch.tensor([rows.index(u) for u in range(len(first))], device=ids.device)
         u_ids, u_attn = ids[pick, :-1], attn[pick, :-1]
         pos = (u_attn.cumsum(-1) - 1).masked_fill(u_attn == 0, 0)
-        cache = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=pos, use_cache=True,
+        cache = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=pos, cache=cache, use_cache=True,
                            logits_to_keep=1).cache
         cache.batch_select_indices(torch.tensor(rows, device=ids.device))
         return cache

@@ -23,10 +23,11 @@ def _sample(policy, prompts, share: bool, monkeypatch):
     prefill_rows: list[int] = []
     real = HFPolicy._shared_prompt_cache
 
-    def spy(self, ids, attn):
-        cache = real(self, ids, attn) if share else None
-        prefill_rows.append(-1 if cache is None else len({tuple(r) for r in ids.tolist()}))
-        return cache
+    def spy(self, ids, attn, cache=None):
+        out = real(self, ids, attn, cache) if share else cache
+        prefilled = out is not None and out.get_seq_length() > 0
+        prefill_rows.append(len({tuple(r) for r in ids.tolist()}) if prefilled else -1)
+        return out
 
     monkeypatch.setattr(HFPolicy, "_shared_prompt_cache", spy)
     gens = policy.generate(prompts, SamplingSpec(temperature=0.9, top_k=0, top_p=1.0, max_new_tokens=10), seed=7)

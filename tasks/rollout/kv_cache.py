@@ -1,0 +1,105 @@
+"""A key/value cache for transformers' ``generate`` that reserves each layer's room once.
+
+transformers' default ``DynamicLayer`` grows by ``torch.cat`` at every decode step, copying the
+whole cache each time: O(T^2) bytes over T steps, the largest cost after the matmuls and attention
+when ``benchmarks/train_step.py``'s 128-row batches are profiled. :class:`ReservedLayer` writes each step's
+keys and values into a buffer sized for the prompt plus every new token and hands attention the
+filled part, so attention sees the same values in the same shapes (``StaticCache`` would instead
+attend over the whole reserved length under a mask: more attention work, and other numerics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+
+class ReservedLayer(DynamicLayer):
+    """One attention layer's cache: ``[B, heads, capacity, head_dim]`` buffers for keys and
+    values, of which the first ``n`` positions are filled; ``keys``/``values`` are views of them.
+
+    Args:
+        capacity: positions to reserve (prompt width + ``max_new_tokens``), >= 1. An update past
+            it moves the cache into a buffer twice as large (correct, one copy).
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        super().__init__()
+        self.capacity = capacity
+        self.n = 0
+        self._k: Any = None
+        self._v: Any = None
+
+    def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """Append ``[B, heads, k, head_dim]`` keys and values; return all ``n + k`` positions."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        m = self.n + key_states.shape[-2]
+        if self._k is None or m > self._k.shape[-2]:
+            room = max(self.capacity, m) if self._k is None else max(2 * self._k.shape[-2], m)
+            k = key_states.new_empty((*key_states.shape[:-2], room, key_states.shape[-1]))
+            v = value_states.new_empty((*value_states.shape[:-2], room, value_states.shape[-1]))
+            if self.n:
+                k[..., : self.n, :] = self._k[..., : self.n, :]
+                v[..., : self.n, :] = self._v[..., : self.n, :]
+            self._k, self._v = k, v
+        self._k[..., self.n:m, :] = key_states
+        self._v[..., self.n:m, :] = value_states
+        self.n = m
+        self.keys, self.values = self._k[..., :m, :], self._v[..., :m, :]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.n
+
+    def _rows(self, pick: Any) -> None:
+        if self.n:
+            self._k, self._v = pick(self._k), pick(self._v)
+            self.keys, self.values = self._k[..., : self.n, :], self._v[..., : self.n, :]
+
+    def batch_select_indices(self, indices: Any) -> None:
+        """Keep rows ``indices`` (``[B']`` long; repeats allowed: a shared prompt to its rows)."""
+        self._rows(lambda t: t[indices.to(t.device)])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._rows(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def reorder_cache(self, beam_idx: Any) -> None:
+        self._rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` positions (transformers' convention: <= 0)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"tokens_to_remove must be <= 0 (positions to drop, negated), got {tokens_to_remove}")
+        if self.n:
+            self.n = max(0, self.n + tokens_to_remove)
+            self.keys, self.values = self._k[..., : self.n, :], self._v[..., : self.n, :]
+
+    def reset(self) -> None:
+        self.n, self._k, self._v = 0, None, None
+        super().reset()
+
+    def offload(self) -> None:
+        raise NotImplementedError("ReservedLayer does not offload; use transformers' DynamicCache(offloading=True)")
+
+    def prefetch(self) -> None:
+        raise NotImplementedError("ReservedLayer does not offload; use transformers' DynamicCache(offloading=True)")
+
+
+def reserved_cache(config: Any, capacity: int) -> Cache | None:
+    """A :class:`ReservedLayer` per layer for a model whose default cache is all plain
+    ``DynamicLayer`` (full attention in every layer: Llama, SmolLM2, Qwen2 without a sliding
+    window); None for any other layout (sliding windows, linear attention, shared KV), which
+    then keeps transformers' own cache.
+
+    Args:
+        config: the model's ``PretrainedConfig``.
+        capacity: positions each layer reserves (prompt width + ``max_new_tokens``).
+    """
+    layers = DynamicCache(config=config).layers
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return None
+    return Cache(layers=[ReservedLayer(capacity) for _ in layers])
