@@ -5,7 +5,11 @@ step on a LoRA adapter (r 16, all linear layers), KL off (beta 0), DAPO-style to
 Both sides use the same tiny model (4 layers, hidden 256, vocabulary 1024, built here), the same
 prompts, the same reward function (distinct characters / length of the completion text), the same
 sampler settings and learning rate. Each side runs in its own process so that peak RSS is its
-own; the first iteration of each is a warm-up and is not timed.
+own. The two processes take turns, one iteration at a time (ours, then TRL's, then ours...), the
+other waiting on a pipe, so that a slow spell of a shared machine slows both iterations of a pair
+rather than one side's whole run. The first iteration of each is a warm-up and is not timed. The
+row has each side's median seconds per iteration (and every timed iteration's), each pair's ratio
+(TRL's seconds over ours: the throughput ratio) and their median, ``throughput_ratio_ours_over_trl``.
 
 Also: the two losses on one identical batch (same weights, same tokens, same advantages, old
 log-probs = current) for token-mean and sequence-mean aggregation; they must agree.
@@ -20,12 +24,7 @@ TRL is installed only for this benchmark, in ``.venv-bench`` layered over ``.ven
     echo "import site; site.addsitedir('$(.venv/bin/python -c 'import site; print(site.getsitepackages()[0])')')" \\
         > "$(.venv-bench/bin/python -c 'import site; print(site.getsitepackages()[0])')/harnessrl-main-venv.pth"
     .venv-bench/bin/pip install --no-deps trl==1.16.0 && .venv-bench/bin/pip install datasets==5.2.0
-    .venv-bench/bin/python benchmarks/train_step.py [--iters 3] [--rounds 3] [--smollm2]
-
-``--rounds N`` runs ours then TRL N times. The row has each side's median seconds per iteration and
-the ratio of each round (TRL's seconds over ours, the throughput ratio), with their median as
-``throughput_ratio_ours_over_trl``. A slow spell of a shared machine then slows both sides of one
-round rather than one side of the only round.
+    .venv-bench/bin/python benchmarks/train_step.py [--iters 6] [--smollm2]
 
 ``--smoke`` (the test suite, plain ``.venv``): our side only, on a 2-layer tiny model, 4 prompts x 2
 completions x 16 tokens, one timed iteration; TRL's side and the loss comparison need
@@ -70,6 +69,30 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# A side process and the parent talk in tagged lines (libraries may print to stdout too): the side
+# says READY once set up, then before each iteration waits for a line on stdin, and after it says
+# ITER with the iteration's seconds and completion tokens; DONE ends it with its peak RSS.
+READY, ITER, DONE = "@@ready", "@@iter", "@@done"
+
+
+class Gate:
+    """The side's half of the protocol: :meth:`wait` before an iteration (READY the first time),
+    :meth:`report` after it."""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    def wait(self) -> None:
+        if not self.ready:
+            print(READY, flush=True)
+            self.ready = True
+        if not sys.stdin.readline():
+            raise SystemExit("train_step: the parent closed the pipe before the last iteration")
+
+    def report(self, seconds: float, completion_tokens: int) -> None:
+        print(ITER, json.dumps({"seconds": seconds, "completion_tokens": completion_tokens}), flush=True)
+
+
 # ---------------------------------------------------------------------------------------------
 def side_ours(model_dir: str, iters: int, autocast: str, micro: int = 32) -> dict:
     import torch
@@ -91,8 +114,9 @@ def side_ours(model_dir: str, iters: int, autocast: str, micro: int = 32) -> dic
     tok = trainer.tokenizer
     prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts_for(tok)]
     sampling = SamplingSpec(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW)
-    times, tokens = [], []
+    gate = Gate()
     for it in range(iters):
+        gate.wait()
         t0 = time.perf_counter()
         # sample from the merged policy in the run's precision (fp32 for the TRL comparison, which samples in fp32)
         policy = HFPolicy.from_model(trainer.inference_model(autocast), tok, cfg.policy, policy_id="bench")
@@ -105,9 +129,8 @@ def side_ours(model_dir: str, iters: int, autocast: str, micro: int = 32) -> dic
                 for i, (p, g) in enumerate(zip(batch_prompts, gens))]
         batch = trainer.new_batch(seqs)
         trainer.step(batch, list(range(len(seqs))))
-        times.append(time.perf_counter() - t0)
-        tokens.append(sum(len(g.token_ids) for g in gens))
-    return {"seconds": times, "completion_tokens": tokens, "peak_rss_mb": peak_rss_mb()}
+        gate.report(time.perf_counter() - t0, sum(len(g.token_ids) for g in gens))
+    return {"peak_rss_mb": peak_rss_mb()}
 
 
 def side_trl(model_dir: str, iters: int, autocast: str) -> dict:
@@ -121,19 +144,19 @@ def side_trl(model_dir: str, iters: int, autocast: str) -> dict:
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     ds = Dataset.from_dict({"prompt": prompts_for(tok) * iters})
-    times: list[float] = []
-    tokens: list[int] = []
+    gate = Gate()
+    tokens = [0]  # the step's completion tokens, counted by the reward function (called once per step)
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
+            gate.wait()
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t0)
+            gate.report(time.perf_counter() - self.t0, tokens[0])
 
     def reward(prompts, completions, completion_ids=None, **kw):
-        if completion_ids is not None and len(tokens) < len(times) + 1:
-            tokens.append(sum(len(c) for c in completion_ids))
+        tokens[0] = sum(len(c) for c in completion_ids) if completion_ids is not None else 0
         return [reward_of(c) for c in completions]
 
     with tempfile.TemporaryDirectory() as out:
@@ -148,7 +171,7 @@ def side_trl(model_dir: str, iters: int, autocast: str) -> dict:
                               peft_config=LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=TARGETS),
                               callbacks=[Timer()])
         trainer.train()
-    return {"seconds": times, "completion_tokens": tokens, "peak_rss_mb": peak_rss_mb()}
+    return {"peak_rss_mb": peak_rss_mb()}
 
 
 def side_loss(model_dir: str) -> dict:
@@ -199,22 +222,65 @@ def side_loss(model_dir: str) -> dict:
     return out
 
 
-def run_side(side: str, model_dir: str, iters: int, autocast: str, micro: int = 32, smoke: bool = False) -> dict:
+def run_side(side: str, model_dir: str, iters: int, autocast: str) -> dict:
+    """The ``loss`` side: one process, its JSON result on the last stdout line."""
     res = subprocess.run([sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--iters", str(iters),
-                          "--autocast", autocast, "--micro", str(micro), *(["--smoke"] if smoke else [])], capture_output=True, text=True, env={**os.environ,
-                          "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"})
+                          "--autocast", autocast], capture_output=True, text=True, env=SIDE_ENV)
     if res.returncode != 0:
         raise RuntimeError(f"side {side} failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+SIDE_ENV = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def drive(sides: dict[str, list[str]], iters: int) -> dict[str, dict]:
+    """Run the side processes (name -> extra arguments) iteration by iteration, in turn: every
+    side's iteration i runs while the others wait, so a slow spell of a shared machine slows
+    the sides of one pair alike instead of one side's whole run. Returns per side its
+    ``seconds`` and ``completion_tokens`` per iteration and its ``peak_rss_mb``."""
+    procs, logs = {}, {}
+    try:
+        for name, extra in sides.items():
+            logs[name] = tempfile.TemporaryFile(mode="w+")
+            procs[name] = subprocess.Popen([sys.executable, __file__, "--iters", str(iters), *extra],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[name],
+                                           text=True, bufsize=1, env=SIDE_ENV)
+
+        def tagged(name: str, tag: str) -> str:
+            for line in procs[name].stdout:
+                if line.startswith(tag):
+                    return line[len(tag):].strip()
+            logs[name].seek(0)
+            raise RuntimeError(f"side {name} ended before {tag}:\n{logs[name].read()[-3000:]}")
+
+        for name in procs:  # every side set up before the first timed work
+            tagged(name, READY)
+        out = {name: {"seconds": [], "completion_tokens": []} for name in procs}
+        for _ in range(iters):
+            for name in procs:
+                procs[name].stdin.write("go\n")
+                procs[name].stdin.flush()
+                rec = json.loads(tagged(name, ITER))
+                out[name]["seconds"].append(rec["seconds"])
+                out[name]["completion_tokens"].append(rec["completion_tokens"])
+        for name in procs:
+            out[name]["peak_rss_mb"] = json.loads(tagged(name, DONE))["peak_rss_mb"]
+            procs[name].stdin.close()
+            procs[name].wait(timeout=120)
+        return out
+    finally:
+        for name, proc in procs.items():
+            if proc.poll() is None:
+                proc.kill()
+            logs[name].close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--side", choices=["ours", "trl", "loss"])
     ap.add_argument("--model-dir")
-    ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="run ours then TRL this many times; the row has the medians and each round's ratio")
+    ap.add_argument("--iters", type=int, default=6, help="timed iterations per side (after one warm-up)")
     ap.add_argument("--autocast", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--smollm2", action="store_true", help="also time our trainer on SmolLM2-135M (bf16)")
     ap.add_argument("--micro", type=int, default=32, help="our trainer's micro-batch size (sequences per forward)")
@@ -222,17 +288,20 @@ def main() -> None:
                     help="our trainer's micro-batch size on SmolLM2 (default: the config default, 8)")
     ap.add_argument("--smoke", action="store_true", help="ours only, 2-layer tiny model, 4 prompts x 2 x 16 tokens")
     a = ap.parse_args()
-    if a.rounds < 1 or a.iters < 1:
-        ap.error(f"--rounds and --iters must be >= 1, got {a.rounds} and {a.iters}")
+    if a.iters < 1:
+        ap.error(f"--iters must be >= 1, got {a.iters}")
     global N_PROMPTS, GROUP, MAX_NEW
     if a.smoke:
         N_PROMPTS, GROUP, MAX_NEW, a.smollm2 = 4, 2, 16, False
         if not a.side:  # a side process gets its iteration count from the parent
             a.iters = 1
     if a.side:
-        fn = {"ours": lambda: side_ours(a.model_dir, a.iters, a.autocast, a.micro),
-              "trl": lambda: side_trl(a.model_dir, a.iters, a.autocast), "loss": lambda: side_loss(a.model_dir)}[a.side]
-        print(json.dumps(fn()))
+        if a.side == "loss":
+            print(json.dumps(side_loss(a.model_dir)))
+            return
+        res = side_ours(a.model_dir, a.iters, a.autocast, a.micro) if a.side == "ours" else \
+            side_trl(a.model_dir, a.iters, a.autocast)
+        print(DONE, json.dumps(res), flush=True)
         return
     from _results import tiny_model
     from tasks.rollout.models import build_tiny_model, resolve_model
@@ -242,35 +311,35 @@ def main() -> None:
             model_dir = str(tiny_model(Path(tmp) / "tiny"))
         else:
             model_dir = str(build_tiny_model(Path(tmp) / "tiny", seed=0, layers=4, hidden=256, vocab=1024))
-        rounds = []  # ours then TRL, a.rounds times: a slow spell of the machine hits both sides of a round
-        for _ in range(a.rounds):
-            rounds.append({"ours": run_side("ours", model_dir, a.iters + 1, a.autocast, smoke=a.smoke),
-                           "trl": None if a.smoke else run_side("trl", model_dir, a.iters + 1, a.autocast)})
+        side = ["--model-dir", model_dir, "--autocast", a.autocast, *(["--smoke"] if a.smoke else [])]
+        sides = {"ours": ["--side", "ours", "--micro", str(a.micro), *side]}
+        if not a.smoke:
+            sides["trl"] = ["--side", "trl", *side]
+        runs = drive(sides, a.iters + 1)  # the first iteration of each side is a warm-up
         loss = None if a.smoke else run_side("loss", model_dir, 1, a.autocast)
     samples = N_PROMPTS * GROUP
     row = {"benchmark": "train_step", "python": platform.python_version(), "iters_timed": a.iters,
-           "rounds": a.rounds, "autocast": a.autocast, "model": "tiny-2x128-v1024" if a.smoke else "tiny-4x256-v1024",
+           "paired": True, "autocast": a.autocast, "model": "tiny-2x128-v1024" if a.smoke else "tiny-4x256-v1024",
            "prompts": N_PROMPTS, "group": GROUP, "max_new_tokens": MAX_NEW, "lora_rank": RANK, "smoke": a.smoke}
     if a.smoke:
         row["skipped"] = "TRL side and the same-batch loss comparison (TRL lives in .venv-bench)"
-    per_round: dict[str, list[float]] = {}
-    for name in ("ours", "trl"):
-        if rounds[0][name] is None:
-            continue
-        # a round's seconds per iteration: the mean over its timed iterations (the first is a warm-up)
-        per_round[name] = [statistics.fmean(rd[name]["seconds"][1:]) for rd in rounds]
-        row[f"{name}_s_per_iter"] = round(statistics.median(per_round[name]), 3)
+    timed = {name: r["seconds"][1:] for name, r in runs.items()}
+    for name, r in runs.items():
+        row[f"{name}_s_per_iter"] = round(statistics.median(timed[name]), 3)
+        row[f"{name}_s_per_iter_all"] = [round(x, 3) for x in timed[name]]
         row[f"{name}_samples_per_s"] = round(samples / row[f"{name}_s_per_iter"], 2)
-        row[f"{name}_peak_rss_mb"] = round(max(rd[name]["peak_rss_mb"] for rd in rounds))
-        row[f"{name}_completion_tokens"] = rounds[0][name]["completion_tokens"][1:]
-    if "trl" in per_round and loss is not None:
-        ratios = [t / o for o, t in zip(per_round["ours"], per_round["trl"])]
-        row["throughput_ratio_per_round"] = [round(x, 2) for x in ratios]
-        row["throughput_ratio_ours_over_trl"] = round(statistics.median(ratios), 2)  # the median round's
+        row[f"{name}_peak_rss_mb"] = round(r["peak_rss_mb"])
+        row[f"{name}_completion_tokens"] = r["completion_tokens"][1:]
+    if "trl" in runs and loss is not None:
+        # pair i: TRL's iteration i over ours, run back to back (samples/s ours over TRL's)
+        ratios = [t / o for o, t in zip(timed["ours"], timed["trl"])]
+        row["throughput_ratio_per_pair"] = [round(x, 2) for x in ratios]
+        row["throughput_ratio_ours_over_trl"] = round(statistics.median(ratios), 2)
         row["loss_same_batch"] = loss
         row["losses_agree"] = all(abs(v["trl"] - v["ours"]) <= 1e-5 * (1 + abs(v["trl"])) for v in loss.values())
     if a.smollm2:
-        sm = run_side("ours", str(resolve_model("smollm2-135m-instruct")), 2, "bfloat16", micro=a.smollm2_micro)
+        sm = drive({"ours": ["--side", "ours", "--model-dir", str(resolve_model("smollm2-135m-instruct")),
+                             "--autocast", "bfloat16", "--micro", str(a.smollm2_micro)]}, 2)["ours"]
         row["smollm2_bf16_s_per_iter"] = round(sm["seconds"][1], 2)
         row["smollm2_bf16_peak_rss_mb"] = round(sm["peak_rss_mb"])
         row["smollm2_micro_batch_size"] = a.smollm2_micro

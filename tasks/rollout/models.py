@@ -99,7 +99,9 @@ def model_id(path: Path) -> str:
 
 def load_model_and_tokenizer(path: Path, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
     """Load a causal LM with weights in ``dtype`` (``float32`` master weights for training,
-    ``bfloat16`` for fast sampling) and its tokenizer (left padding for generation)."""
+    ``bfloat16`` for fast sampling) and its tokenizer (left padding for generation). Attention
+    runs as :mod:`tasks.rollout.hf_attention` says (transformers' ``sdpa``, but grouped key/value
+    heads straight to torch's kernel on the CPU)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -107,9 +109,12 @@ def load_model_and_tokenizer(path: Path, device: str = "cpu", dtype: str = "floa
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    from tasks.rollout.hf_attention import use_cpu_gqa_attention
+
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
     model.eval()
     contiguous_output_head(model)
+    use_cpu_gqa_attention(model)  # grouped key/value heads straight to torch's kernel on the CPU
     return model, tok
 
 
