@@ -27,13 +27,16 @@ ENV = "HARNESSRL_BENCH_RESULTS"
 
 
 def commit() -> str | None:
-    """``git rev-parse HEAD`` of this checkout, with ``+dirty`` when tracked files are modified."""
+    """``git rev-parse HEAD`` of this checkout, with ``+dirty`` when tracked files are modified
+    (other than the result rows under ``benchmarks/results/``)."""
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        # the rows themselves (benchmarks/results/) are not code: a run appending one leaves the next clean
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)benchmarks/results"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
