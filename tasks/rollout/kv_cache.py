@@ -1,10 +1,10 @@
 """A key/value cache for transformers' ``generate`` that reserves each layer's room once.
 
 transformers' default ``DynamicLayer`` grows by ``torch.cat`` at every decode step, copying the
-whole cache each time: O(T^2) bytes over T steps, the largest cost after the matmuls and attention
-when ``benchmarks/train_step.py``'s 128-row batches are profiled. :class:`ReservedLayer` writes each step's
-keys and values into a buffer sized for the prompt plus every new token and hands attention the
-filled part, so attention sees the same values in the same shapes (``StaticCache`` would instead
+whole cache each time: O(T^2) bytes over T steps, the largest cost after the matmuls and
+attention when ``benchmarks/train_step.py``'s 128-row batches are profiled. :class:`ReservedLayer`
+writes each step's keys and values into a buffer sized for the prompt plus every new token and
+hands attention the filled part, so attention sees the same values in the same shapes (``StaticCache`` would instead
 attend over the whole reserved length under a mask: more attention work, and other numerics).
 """
 

@@ -105,12 +105,12 @@ def load_model_and_tokenizer(path: Path, device: str = "cpu", dtype: str = "floa
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tasks.rollout.hf_attention import use_cpu_gqa_attention
+
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    from tasks.rollout.hf_attention import use_cpu_gqa_attention
-
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
     model.eval()
     contiguous_output_head(model)

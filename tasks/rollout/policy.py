@@ -155,9 +155,9 @@ class HFPolicy:
         share a prompt or the prompts are one column wide (``generate`` then prefills it).
 
         Why: the G samples of a group share their prompt, so ``generate``'s prefill would
-        compute it G times (``benchmarks/train_step.py`` samples 16 prompts x 8: 128 prefill rows
-        for 16 prompts). ``generate`` runs the last column itself, so the first sampled token and every
-        later one condition on the same prompt states. Position ids are ``generate``'s own
+        compute it G times (``benchmarks/train_step.py`` samples 16 prompts x 8: 128 prefill
+        rows for 16 prompts). ``generate`` runs the last column itself, so the first sampled
+        token and every later one condition on the same prompt states. Position ids are ``generate``'s own
         (attention-mask cumsum, 0 on padding), so the rows' states equal those of the full
         prefill up to the matmul's blocking (the tests compare the sampled tokens and log-probs).
 
@@ -171,11 +171,13 @@ class HFPolicy:
 
         if ids.shape[1] < 2:
             return cache
-        first: dict[tuple[int, ...], int] = {}
-        rows = [first.setdefault(tuple(r), len(first)) for r in ids.tolist()]
+        first: dict[tuple[int, ...], int] = {}  # prompt -> its first row
+        rows = [first.setdefault(tuple(r), i) for i, r in enumerate(ids.tolist())]
         if len(first) == len(rows):
             return cache
-        pick = torch.tensor([rows.index(u) for u in range(len(first))], device=ids.device)
+        number = {row: j for j, row in enumerate(first.values())}  # prompt j's first row -> j
+        pick = torch.tensor(list(number), device=ids.device)
+        rows = [number[r] for r in rows]  # each row's prompt j
         u_ids, u_attn = ids[pick, :-1], attn[pick, :-1]
         pos = (u_attn.cumsum(-1) - 1).masked_fill(u_attn == 0, 0)
         cache = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=pos, cache=cache, use_cache=True,
