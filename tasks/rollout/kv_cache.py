@@ -1,10 +1,11 @@
-"""A key/value cache for transformers' ``generate`` that reserves each layer's room once.
+"""A key/value cache for transformers' ``generate`` that reserves room ahead instead of growing every step.
 
 transformers' default ``DynamicLayer`` grows by ``torch.cat`` at every decode step, copying the
 whole cache each time: O(T^2) bytes over T steps, the largest cost after the matmuls and
 attention when ``benchmarks/train_step.py``'s 128-row batches are profiled. :class:`ReservedLayer`
-writes each step's keys and values into a buffer sized for the prompt plus every new token and
-hands attention the filled part, so attention sees the same values in the same shapes (``StaticCache`` would instead
+writes each step's keys and values into a buffer with room for the prompt and some new tokens,
+doubled when full (so the copies add up to less than the final size), and hands attention the
+filled part, so attention sees the same values in the same shapes (``StaticCache`` would instead
 attend over the whole reserved length under a mask: more attention work, and other numerics).
 """
 
@@ -20,8 +21,8 @@ class ReservedLayer(DynamicLayer):
     values, of which the first ``n`` positions are filled; ``keys``/``values`` are views of them.
 
     Args:
-        capacity: positions to reserve (prompt width + ``max_new_tokens``), >= 1. An update past
-            it moves the cache into a buffer twice as large (correct, one copy).
+        capacity: positions to reserve at first (the prompt's width and some new tokens), >= 1.
+            An update past the room moves the cache into a buffer twice as large (one copy).
     """
 
     def __init__(self, capacity: int):
@@ -97,7 +98,7 @@ def reserved_cache(config: Any, capacity: int) -> Cache | None:
 
     Args:
         config: the model's ``PretrainedConfig``.
-        capacity: positions each layer reserves (prompt width + ``max_new_tokens``).
+        capacity: positions each layer reserves at first (see :class:`ReservedLayer`).
     """
     layers = DynamicCache(config=config).layers
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):

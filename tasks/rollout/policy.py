@@ -18,6 +18,10 @@ from tasks.harnesses.spec import SamplingSpec
 from tasks.hashing import sha256_dir
 
 
+#: new-token positions each KV-cache layer reserves at first (tasks/rollout/kv_cache.py doubles it)
+RESERVE_NEW_TOKENS = 64
+
+
 @dataclass(frozen=True)
 class Generation:
     """One completion: ``token_ids`` (ends with EOS when ``finish_reason == "stop"``),
@@ -134,7 +138,9 @@ class HFPolicy:
         try:
             with torch.inference_mode():
                 ids, attn = ids.to(device), attn.to(device)
-                cache = reserved_cache(self.model.config, width + sampling.max_new_tokens)
+                # room for 64 new tokens at first, doubled when full: a batch whose rows all stop early
+                # never holds max_new_tokens positions per row (they are 1.5 GB for 128 x 512 on SmolLM2)
+                cache = reserved_cache(self.model.config, width + min(sampling.max_new_tokens, RESERVE_NEW_TOKENS))
                 res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=gen_cfg,
                                           logits_processor=warpers, cache=self._shared_prompt_cache(ids, attn, cache))
         finally:

@@ -49,7 +49,8 @@ def test_row_selection_crop_and_reset_follow_the_filled_part():
         ReservedLayer(0)
 
 
-def test_generate_samples_the_same_with_the_reserved_cache(tiny_model_dir):
+@pytest.mark.parametrize("room", [12, 3])  # every new token reserved; or grown twice during generate
+def test_generate_samples_the_same_with_the_reserved_cache(tiny_model_dir, room):
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -59,13 +60,14 @@ def test_generate_samples_the_same_with_the_reserved_cache(tiny_model_dir):
                            pad_token_id=3, return_dict_in_generate=True, output_scores=True)
     out = {}
     for name in ("default", "reserved"):
-        cache = reserved_cache(model.config, ids.shape[1] + 12) if name == "reserved" else None
+        cache = reserved_cache(model.config, ids.shape[1] + room) if name == "reserved" else None
         if name == "reserved":
             assert cache is not None and all(type(la) is ReservedLayer for la in cache.layers)
         torch.manual_seed(5)
         with torch.inference_mode():
             out[name] = model.generate(input_ids=ids, attention_mask=attn, generation_config=cfg, cache=cache)
     assert torch.equal(out["default"].sequences, out["reserved"].sequences)
+    assert out["default"].sequences.shape[1] == ids.shape[1] + 12  # the batch ran all 12 steps
     for a, b in zip(out["default"].scores, out["reserved"].scores):
         assert torch.allclose(a, b, atol=1e-6)
 
