@@ -20,16 +20,25 @@ class ReservedLayer(DynamicLayer):
     """One attention layer's cache: ``[B, heads, capacity, head_dim]`` buffers for keys and
     values, of which the first ``n`` positions are filled; ``keys``/``values`` are views of them.
 
+    For inference only (``torch.inference_mode``/``no_grad``): updates write into the buffers in
+    place, so autograd would refuse them, and a view handed out earlier sees later writes after a
+    :meth:`crop`.
+
     Args:
         capacity: positions to reserve at first (the prompt's width and some new tokens), >= 1.
             An update past the room moves the cache into a buffer twice as large (one copy).
+        limit: the most positions the layer will hold (prompt width + ``max_new_tokens``): growth
+            stops there; None for no limit. An update past it still fits (the room becomes exactly
+            what it needs).
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, limit: int | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if limit is not None and limit < capacity:
+            raise ValueError(f"limit must be >= capacity ({capacity}), got {limit}")
         super().__init__()
-        self.capacity = capacity
+        self.capacity, self.limit = capacity, limit
         self.n = 0
         self._k: Any = None
         self._v: Any = None
@@ -40,7 +49,8 @@ class ReservedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         m = self.n + key_states.shape[-2]
         if self._k is None or m > self._k.shape[-2]:
-            room = max(self.capacity, m) if self._k is None else max(2 * self._k.shape[-2], m)
+            room = self.capacity if self._k is None else 2 * self._k.shape[-2]
+            room = max(min(room, self.limit) if self.limit is not None else room, m)
             k = key_states.new_empty((*key_states.shape[:-2], room, key_states.shape[-1]))
             v = value_states.new_empty((*value_states.shape[:-2], room, value_states.shape[-1]))
             if self.n:
@@ -90,7 +100,7 @@ class ReservedLayer(DynamicLayer):
         raise NotImplementedError("ReservedLayer does not offload; use transformers' DynamicCache(offloading=True)")
 
 
-def reserved_cache(config: Any, capacity: int) -> Cache | None:
+def reserved_cache(config: Any, capacity: int, limit: int | None = None) -> Cache | None:
     """A :class:`ReservedLayer` per layer for a model whose default cache is all plain
     ``DynamicLayer`` (full attention in every layer: Llama, SmolLM2, Qwen2 without a sliding
     window); None for any other layout (sliding windows, linear attention, shared KV), which
@@ -99,8 +109,9 @@ def reserved_cache(config: Any, capacity: int) -> Cache | None:
     Args:
         config: the model's ``PretrainedConfig``.
         capacity: positions each layer reserves at first (see :class:`ReservedLayer`).
+        limit: the most positions a layer will hold, or None (see :class:`ReservedLayer`).
     """
     layers = DynamicCache(config=config).layers
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return None
-    return Cache(layers=[ReservedLayer(capacity) for _ in layers])
+    return Cache(layers=[ReservedLayer(capacity, limit) for _ in layers])

@@ -138,11 +138,18 @@ class HFPolicy:
         try:
             with torch.inference_mode():
                 ids, attn = ids.to(device), attn.to(device)
-                # room for 64 new tokens at first, doubled when full: a batch whose rows all stop early
-                # never holds max_new_tokens positions per row (they are 1.5 GB for 128 x 512 on SmolLM2)
-                cache = reserved_cache(self.model.config, width + min(sampling.max_new_tokens, RESERVE_NEW_TOKENS))
+                cache = None
+                # a model whose generation config names its own cache (static, ...) keeps it: generate
+                # refuses a cache object beside one
+                if getattr(getattr(self.model, "generation_config", None), "cache_implementation", None) is None:
+                    # room for 64 new tokens at first, doubled when full up to the most the batch can need:
+                    # a batch whose rows all stop early never holds max_new_tokens positions per row
+                    # (1.5 GB for 128 rows x 512 on SmolLM2)
+                    cache = self._shared_prompt_cache(ids, attn, reserved_cache(
+                        self.model.config, width + min(sampling.max_new_tokens, RESERVE_NEW_TOKENS),
+                        limit=width + sampling.max_new_tokens))
                 res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=gen_cfg,
-                                          logits_processor=warpers, cache=self._shared_prompt_cache(ids, attn, cache))
+                                          logits_processor=warpers, cache=cache)
         finally:
             self.model.train(was_training)
         seqs = res.sequences[:, width:].cpu()
@@ -177,8 +184,10 @@ class HFPolicy:
 
         if ids.shape[1] < 2:
             return cache
-        first: dict[tuple[int, ...], int] = {}  # prompt -> its first row
-        rows = [first.setdefault(tuple(r), i) for i, r in enumerate(ids.tolist())]
+        # a prompt is its padded ids with its mask: a prompt that starts with the pad id pads like a
+        # shorter one, and must not take that one's cache
+        first: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}  # prompt -> its first row
+        rows = [first.setdefault((tuple(r), tuple(a)), i) for i, (r, a) in enumerate(zip(ids.tolist(), attn.tolist()))]
         if len(first) == len(rows):
             return cache
         number = {row: j for j, row in enumerate(first.values())}  # prompt j's first row -> j

@@ -80,3 +80,15 @@ def test_a_sliding_window_model_keeps_transformers_cache():
     assert reserved_cache(cfg, 32) is None
     cfg.sliding_window = None
     assert reserved_cache(cfg, 32) is not None
+
+
+def test_growth_stops_at_the_limit_and_still_fits_what_comes():
+    ours, ref = ReservedLayer(2, limit=7), DynamicLayer()
+    rooms = []
+    for k, v in _steps(2):  # 5, 6, 7, 9, 10 positions
+        got, want = ours.update(k, v), ref.update(k, v)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        rooms.append(ours._k.shape[-2])
+    assert rooms == [5, 7, 7, 9, 10]  # doubled up to the limit, then exactly what is needed
+    with pytest.raises(ValueError, match="limit"):
+        ReservedLayer(8, limit=7)

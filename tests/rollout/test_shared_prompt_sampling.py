@@ -26,7 +26,8 @@ def _sample(policy, prompts, share: bool, monkeypatch):
     def spy(self, ids, attn, cache=None):
         out = real(self, ids, attn, cache) if share else cache
         prefilled = out is not None and out.get_seq_length() > 0
-        prefill_rows.append(len({tuple(r) for r in ids.tolist()}) if prefilled else -1)
+        prefill_rows.append(len({(tuple(r), tuple(a)) for r, a in zip(ids.tolist(), attn.tolist())})
+                            if prefilled else -1)
         return out
 
     monkeypatch.setattr(HFPolicy, "_shared_prompt_cache", spy)
@@ -48,6 +49,27 @@ def test_a_shared_prompt_samples_what_the_full_prefill_samples(policy, monkeypat
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
     # the samples of one prompt differ (the rows draw their own tokens, not copies of the first row's)
     assert len({tuple(g.token_ids) for g in shared[0::3]}) > 1
+
+
+def test_a_prompt_that_starts_with_the_pad_id_is_not_a_shorter_prompt(policy, monkeypatch):
+    # [pad] + x and x pad to the same ids; only the mask tells them apart
+    x = policy.tokenizer.encode("What is 12 - 5? Answer:")
+    prompts = [[policy.pad_id] + x, [policy.pad_id] + x, x, x]
+    shared, rows = _sample(policy, prompts, True, monkeypatch)
+    assert rows == [2]
+    full, _ = _sample(policy, prompts, False, monkeypatch)
+    assert [g.token_ids for g in shared] == [g.token_ids for g in full]
+    for a, b in zip(shared, full):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_a_model_with_its_own_cache_implementation_keeps_it(policy, monkeypatch):
+    from tasks.harnesses.spec import SamplingSpec
+
+    # generate refuses a cache object beside a cache_implementation (ValueError): none is passed
+    monkeypatch.setattr(policy.model.generation_config, "cache_implementation", "static")
+    gens = policy.generate([[5, 6, 7]] * 2, SamplingSpec(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=4), seed=1)
+    assert len(gens) == 2 and all(g.token_ids for g in gens)
 
 
 def test_the_log_probs_of_a_shared_prompt_equal_a_recomputation(policy):
