@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 
@@ -93,11 +94,19 @@ class ReservedLayer(DynamicLayer):
         self.n, self._k, self._v = 0, None, None
         super().reset()
 
+    def _move(self, device: Any) -> None:
+        if self._k is not None and self._k.device != device:
+            self._k, self._v = self._k.to(device, non_blocking=True), self._v.to(device, non_blocking=True)
+            self.keys, self.values = self._k[..., : self.n, :], self._v[..., : self.n, :]
+
     def offload(self) -> None:
-        raise NotImplementedError("ReservedLayer does not offload; use transformers' DynamicCache(offloading=True)")
+        """Move the buffers to host memory (transformers' ``Cache(offloading=True)`` protocol)."""
+        self._move(torch.device("cpu"))
 
     def prefetch(self) -> None:
-        raise NotImplementedError("ReservedLayer does not offload; use transformers' DynamicCache(offloading=True)")
+        """Move the buffers back to the layer's device."""
+        if self.is_initialized:
+            self._move(self.device)
 
 
 def reserved_cache(config: Any, capacity: int, limit: int | None = None) -> Cache | None:

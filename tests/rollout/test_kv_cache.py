@@ -92,3 +92,20 @@ def test_growth_stops_at_the_limit_and_still_fits_what_comes():
     assert rooms == [5, 7, 7, 9, 10]  # doubled up to the limit, then exactly what is needed
     with pytest.raises(ValueError, match="limit"):
         ReservedLayer(8, limit=7)
+
+
+def test_offload_and_prefetch_keep_the_filled_part():
+    ours = ReservedLayer(16)
+    steps = _steps(3)
+    for k, v in steps[:3]:
+        ours.update(k, v)
+    before = ours.keys.clone(), ours.values.clone()
+    ours.offload(), ours.prefetch()  # on a CPU layer both stay put, the values intact
+    assert torch.equal(ours.keys, before[0]) and torch.equal(ours.values, before[1])
+    k, v = steps[3]
+    assert torch.equal(ours.update(k, v)[0][..., :7, :], before[0])  # later writes land after them
+    # a layer whose device is another (meta: shapes without data) is moved there, its views with it
+    ours.device = torch.device("meta")
+    ours.prefetch()
+    assert ours.keys.device.type == ours.values.device.type == "meta" and ours.keys.shape == (3, 2, 9, 4)
+    assert ours.get_seq_length() == 9
