@@ -2,14 +2,17 @@
 tasks a learning run can move: a family the model never solves gives GRPO no signal (every group
 all-zero), one it always solves gives none either.
 
-For each (family, difficulty) it freezes ``--tasks`` problems under the ``direct`` harness (answer
-read from "Answer: <n>" or the last number), samples ``--samples`` completions per problem with
-the rollout engine, and prints pass@1 (mean reward), the share of problems solved at least once
-(pass@k), the share of groups with a learning signal (neither all-0 nor all-1), the share of
-completions cut at ``max_new_tokens`` and the mean completion length.
+For each (family, harness) cell it freezes ``--tasks`` problems of the family under the harness
+(every shipped harness that drives ``answer`` tasks by default: single-turn answer formats, code
+and calculator tools, agent loops), samples ``--samples`` episodes per problem with the rollout
+engine, and prints pass@1 (share of episodes graded correct, exact answers by default), the
+parse rate (answers in the harness's own format, not the last-number fallback), accuracy given
+parsed, the share of problems solved at least once (pass@k), the share of groups with a learning
+signal (neither all-0 nor all-1), the share of turns cut at ``max_new_tokens`` and the mean turns.
 
     .venv/bin/python benchmarks/task_difficulty.py --engine vllm --tasks 48 --samples 8
-    .venv/bin/python benchmarks/task_difficulty.py --smoke      # tiny model, 2 families, seconds
+    .venv/bin/python benchmarks/task_difficulty.py --family arith-1d-2t --harness direct --harness boxed
+    .venv/bin/python benchmarks/task_difficulty.py --smoke      # tiny model, 2 families x 2 harnesses, seconds
 
 Appends one JSON row to ``benchmarks/results/task_difficulty.jsonl``.
 """
@@ -40,15 +43,55 @@ FAMILIES = {
 }
 
 
+def answer_harnesses() -> list[str]:
+    """The shipped harness specs that drive ``answer`` tasks with the harness engine (every one
+    but the application loops, e.g. talkmesh), sorted by name."""
+    from tasks.harnesses.spec import load_harness, shipped_harnesses
+
+    return sorted(n for n in shipped_harnesses()
+                  if "answer" in (s := load_harness(n)).environments and s.loop_type != "talkmesh")
+
+
+def cell_row(family: str, harness: str, eps: list[dict], turns: list[dict], seconds: float) -> dict:
+    """One (family, harness) cell's figures from its episodes and turns.
+
+    ``pass_at_1``: the share of episodes that succeeded (reward 1); ``parse_rate``: the share whose
+    answer came from the harness's own format (answer pattern or submit tool), not the last-number
+    fallback; ``acc_given_parsed``: pass@1 among those (None when none parsed); ``pass_at_k``: the
+    share of problems solved at least once; ``signal_groups``: the share of problems whose samples
+    neither all failed nor all succeeded (a GRPO group with a learning signal).
+    """
+    by_task: dict[str, list[bool]] = {}
+    for e in eps:
+        by_task.setdefault(e["record"]["task_id"], []).append(bool(e["success"]))
+    n = len(eps)
+    parsed = [e for e in eps if e["answer_parsed"]]
+    return {"family": family, "dataset": FAMILIES[family][0], "params": FAMILIES[family][1], "harness": harness,
+            "problems": len(by_task), "episodes": n,
+            "pass_at_1": round(sum(e["success"] for e in eps) / n, 4),
+            "parse_rate": round(len(parsed) / n, 4),
+            "acc_given_parsed": round(sum(e["success"] for e in parsed) / len(parsed), 4) if parsed else None,
+            "pass_at_k": round(sum(any(v) for v in by_task.values()) / len(by_task), 4),
+            "signal_groups": round(sum(0 < sum(v) < len(v) for v in by_task.values()) / len(by_task), 4),
+            "cut_frac": round(sum(t["finish_reason"] == "length" for t in turns) / max(len(turns), 1), 4),
+            "mean_turns": round(len(turns) / n, 2),
+            "mean_tokens": round(sum(len(t["completion_token_ids"]) for t in turns) / max(len(turns), 1), 1),
+            "seconds": round(seconds, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--engine", default="vllm", choices=["hf", "vllm"])
     ap.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: all")
+    ap.add_argument("--harness", action="append", help="default: every shipped harness that drives answer tasks")
+    ap.add_argument("--reward", default="exact", choices=["exact", "fraction"],
+                    help="exact: 1 iff the answer equals the reference; fraction: reasoning-gym's score_answer")
     ap.add_argument("--tasks", type=int, default=48)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="the tests' tiny model, 2 families x 4 tasks x 2 samples")
+    ap.add_argument("--out", default=None, help="also write every cell's row to this JSON file as it finishes")
+    ap.add_argument("--smoke", action="store_true", help="the tests' tiny model, 2 families x 2 harnesses x 4 tasks x 2 samples")
     args = ap.parse_args()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -61,50 +104,49 @@ def main() -> None:
     from tasks.rollout.stage import load_policy, run_records
 
     families = args.family or sorted(FAMILIES)
+    harnesses = args.harness or answer_harnesses()
     tmp = None
     if args.smoke:
         tmp = tempfile.TemporaryDirectory()
         args.model = str(tiny_model(Path(tmp.name) / "tiny"))
-        args.engine, args.tasks, args.samples, families = "hf", 4, 2, families[:2]
-    def family_cfg(f: str) -> RunConfig:
+        args.engine, args.tasks, args.samples = "hf", 4, 2
+        families, harnesses = families[:2], (args.harness or ["direct", "calculator"])[:2]
+
+    def cell_cfg(f: str, h: str) -> RunConfig:
         return RunConfig.model_validate({
             "name": "task-difficulty", "seed": args.seed,
             "suites": [{"source": "reasoning_gym", "name": FAMILIES[f][0], "params": FAMILIES[f][1], "size": args.tasks,
-                        "seed": args.seed}],
-            "split": {"test_fraction": 0.5}, "harnesses": ["direct"],
+                        "seed": args.seed, "reward": args.reward}],
+            "split": {"test_fraction": 0.5}, "harnesses": [h],
             "policy": {"model": args.model, "engine": args.engine, "batch_size": 256,
                        **({"rollout_dtype": "float32"} if args.smoke else {})},
+            "sandbox": {"backend": "bwrap"} if not args.smoke else {},
             "rollout": {"samples_per_task": args.samples, "task_runner": "serial"},
         })
 
     t0 = time.perf_counter()
-    policy = load_policy(family_cfg(families[0]))
+    policy = load_policy(cell_cfg(families[0], harnesses[0]))
     start_s = time.perf_counter() - t0
     table = []
     try:
-        print(f"\n{'family':<18} {'problems':>8} {'pass@1':>7} {'pass@k':>7} {'signal':>7} {'cut':>6} {'tokens':>7} {'s':>6}")
+        print(f"\n{'family':<18} {'harness':<24} {'pass@1':>7} {'parse':>6} {'acc|p':>6} {'pass@k':>7} {'signal':>7} "
+              f"{'cut':>6} {'turns':>6} {'s':>6}", flush=True)
         for f in families:
-            cfg = family_cfg(f)
-            task_rows, harness_rows, records = freeze_tables(cfg)  # both splits: nothing is trained here
-            specs = {h["harness_id"]: HarnessSpec.model_validate(json.loads(h["spec_json"])) for h in harness_rows}
-            tasks = {t["task_id"]: t for t in task_rows}
-            t1 = time.perf_counter()
-            eps, turns = run_records(policy, cfg, specs, tasks, records, args.samples, seed_from(args.seed, f), f)
-            secs = time.perf_counter() - t1
-            by_task: dict[str, list[float]] = {}
-            for e in eps:
-                by_task.setdefault(e["record"]["task_id"], []).append(e["reward"])
-            n = len(eps)
-            row = {"family": f, "dataset": FAMILIES[f][0], "params": FAMILIES[f][1], "problems": len(by_task),
-                   "pass_at_1": round(sum(e["reward"] for e in eps) / n, 4),
-                   "pass_at_k": round(sum(max(v) >= 1.0 for v in by_task.values()) / len(by_task), 4),
-                   "signal_groups": round(sum(0 < sum(v) < len(v) for v in by_task.values()) / len(by_task), 4),
-                   "cut_frac": round(sum(t["finish_reason"] == "length" for t in turns) / max(len(turns), 1), 4),
-                   "mean_tokens": round(sum(len(t["completion_token_ids"]) for t in turns) / max(len(turns), 1), 1),
-                   "seconds": round(secs, 1)}
-            table.append(row)
-            print(f"{f:<18} {row['problems']:>8} {row['pass_at_1']:>7.3f} {row['pass_at_k']:>7.3f} "
-                  f"{row['signal_groups']:>7.3f} {row['cut_frac']:>6.3f} {row['mean_tokens']:>7.1f} {secs:>6.1f}")
+            for h in harnesses:
+                cfg = cell_cfg(f, h)
+                task_rows, harness_rows, records = freeze_tables(cfg)  # both splits: nothing is trained here
+                specs = {r["harness_id"]: HarnessSpec.model_validate(json.loads(r["spec_json"])) for r in harness_rows}
+                tasks = {t["task_id"]: t for t in task_rows}
+                t1 = time.perf_counter()
+                eps, turns = run_records(policy, cfg, specs, tasks, records, args.samples, seed_from(args.seed, f), f)
+                row = cell_row(f, h, eps, turns, time.perf_counter() - t1)
+                table.append(row)
+                acc = "n/a" if row["acc_given_parsed"] is None else f"{row['acc_given_parsed']:.3f}"
+                print(f"{f:<18} {h:<24} {row['pass_at_1']:>7.3f} {row['parse_rate']:>6.3f} {acc:>6} "
+                      f"{row['pass_at_k']:>7.3f} {row['signal_groups']:>7.3f} {row['cut_frac']:>6.3f} "
+                      f"{row['mean_turns']:>6.2f} {row['seconds']:>6.1f}", flush=True)
+                if args.out:
+                    Path(args.out).write_text(json.dumps(table, indent=1))
     finally:
         if hasattr(policy, "close"):
             policy.close()
@@ -112,8 +154,8 @@ def main() -> None:
             tmp.cleanup()
     print()
     report("task_difficulty", {"model": "tiny (smoke)" if args.smoke else args.model, "engine": args.engine,
-                               "tasks_per_family": args.tasks, "samples": args.samples, "engine_start_s": round(start_s, 1),
-                               "smoke": args.smoke, "families": table})
+                               "reward": args.reward, "tasks_per_family": args.tasks, "samples": args.samples,
+                               "engine_start_s": round(start_s, 1), "smoke": args.smoke, "cells": table})
 
 
 if __name__ == "__main__":

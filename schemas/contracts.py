@@ -119,10 +119,29 @@ RECORDS = _register(
     )
 )
 
+SPLIT_OVERLAP = _register(
+    Contract(
+        "split_overlap",
+        1,
+        _s(
+            ("suite", pa.string()),
+            ("n_train", pa.int64()),
+            ("n_test", pa.int64()),
+            ("test_same_prompt", pa.int64()),
+            ("test_same_problem", pa.int64()),
+            ("disjoint", pa.bool_()),
+        ),
+        [("unique", "suite"), ("between", "test_same_prompt", 0, None), ("between", "test_same_problem", 0, None)],
+        "Per suite: test tasks whose prompt (whitespace collapsed) or normalised problem (for arithmetic, the "
+        "parsed expression) equals a train task's (tasks.records.overlap); disjoint: split.disjoint was set, "
+        "and then both counts are 0.",
+    )
+)
+
 EPISODES = _register(
     Contract(
         "episodes",
-        2,
+        3,
         _s(
             ("episode_id", pa.string()),
             ("record_id", pa.string()),
@@ -144,6 +163,7 @@ EPISODES = _register(
             ("input_tokens", pa.int64()),
             ("output_tokens", pa.int64()),
             ("final_answer", pa.string()),
+            ("answer_parsed", pa.bool_()),
         ),
         [
             ("unique", "episode_id"),
@@ -154,7 +174,8 @@ EPISODES = _register(
             ("not_null", "group_id"),
         ],
         "One rollout. group_id = the sampling group (task, harness); the trainer regroups by rule. stop_reason: why "
-        "it ended (tasks.rollout.harness.STOP_REASONS); a turn cut at max_new_tokens has finish_reason 'length'.",
+        "it ended (tasks.rollout.harness.STOP_REASONS); a turn cut at max_new_tokens has finish_reason 'length'. "
+        "answer_parsed: the answer came from the harness's own format (answer pattern or submit tool), not the fallback.",
     )
 )
 
@@ -258,7 +279,7 @@ CHECKPOINTS = _register(
 EVALUATIONS = _register(
     Contract(
         "evaluations",
-        2,
+        3,
         _s(
             ("seq", pa.int64()),
             ("eval_id", pa.string()),
@@ -277,6 +298,7 @@ EVALUATIONS = _register(
             ("num_turns", pa.int32()),
             ("output_tokens", pa.int64()),
             ("final_answer", pa.string()),
+            ("answer_parsed", pa.bool_()),
             ("retry", pa.int32()),
             ("retry_of", pa.string()),
             ("plan_hash", pa.string()),
@@ -290,6 +312,7 @@ EVALUATIONS = _register(
             ("in_set", "status", STATUS_EVAL),
         ],
         "A sealed attempt; seal_hash = sha256(prev_hash, row fields); the first prev_hash is the plan hash. "
+        "answer_parsed: the answer was in the harness's own format (not the fallback). "
         "retry > 0: a retry of an infra_error attempt; retry_of = the eval_id of the row it retries (which stays "
         "in the chain); empty for a first attempt.",
     )
@@ -298,7 +321,7 @@ EVALUATIONS = _register(
 EVAL_CELLS = _register(
     Contract(
         "eval_cells",
-        1,
+        2,
         _s(
             ("kind", pa.string()),
             ("checkpoint", pa.string()),
@@ -316,6 +339,8 @@ EVAL_CELLS = _register(
             ("pass_at_1", pa.float64()),
             ("pass_at_k", pa.float64()),
             ("avg_at_k", pa.float64()),
+            ("parse_rate", pa.float64()),
+            ("acc_given_parsed", pa.float64()),
         ),
         [
             ("in_set", "kind", ["cell", "row_mean", "col_mean"]),

@@ -147,8 +147,9 @@ def render_report(inp: ReportInputs) -> str:
     for h in sorted({e["harness_name"] for e in eps}):
         es = [e for e in eps if e["harness_name"] == h]
         rows.append([h, str(len(es)), _f(sum(e["reward"] for e in es) / len(es)),
-                     _f(sum(e["success"] for e in es) / len(es)), _f(sum(e["num_turns"] for e in es) / len(es), ".2f")])
-    out += _table(["harness", "episodes", "mean reward", "success rate", "mean turns"], rows) + [""]
+                     _f(sum(e["success"] for e in es) / len(es)), _f(sum(e["answer_parsed"] for e in es) / len(es)),
+                     _f(sum(e["num_turns"] for e in es) / len(es), ".2f")])
+    out += _table(["harness", "episodes", "mean reward", "success rate", "parse rate", "mean turns"], rows) + [""]
 
     out += ["## Training", ""]
     tps = {(t.get("arm") or "final", t["step"]): t.get("tokens_per_s") for t in inp.timing}
@@ -195,6 +196,15 @@ def render_report(inp: ReportInputs) -> str:
             rows.append([ck] + [("n/c" if not val[(ck, h)]["counted"] else _f(val[(ck, h)]["pass_at_1"]))
                                 if (ck, h) in val else "" for h in hs])
         out += _table(["checkpoint"] + [f"{h} (held out)" if h in held else h for h in hs], rows) + [""]
+        out += ["Format apart from competence: the parse rate is the share of graded attempts whose answer was "
+                "in the harness's own format (its answer pattern or submit tool, not the last-number fallback); "
+                "accuracy given parsed is pass@1 among those (n/a: none parsed). A gain in the parse rate is the "
+                "policy learning the harness (P1's mismatch going down); a gain in accuracy given parsed is the "
+                "policy learning the task.", ""]
+        rows = [[c["checkpoint"], c["harness_name"], _f(c["pass_at_1"]), _f(c["parse_rate"]),
+                 _f(c["acc_given_parsed"])] for c in cells if c["counted"]]
+        out += _table(["checkpoint", "harness", "pass@1", "parse rate", "accuracy given parsed"], rows, "llrrr",
+                      keep=2) + [""]
     out += _figure(inp, "pass_rate_heatmap", "train x eval harness pass rates")
     if inp.learning_curve:
         out += ["Learning curve: sealed pass@1 of each arm's checkpoints against the training step (base = step "

@@ -31,14 +31,19 @@ class SuiteConfig(_Strict):
     # Reward rule of the suite's verifier (part of each task's verifier_spec, so frozen and hashed):
     # "fraction" = fraction of the hidden checks passed (HumanEval: the one check); "p6" = passed
     # fail-to-pass tests / their count, forced to 0 when a pass-to-pass test fails (METHODS.md P6;
-    # terminal_bench and humaneval only; see tasks/records/suites/terminal_bench.py).
-    reward: Literal["fraction", "p6"] = "fraction"
+    # terminal_bench and humaneval only; see tasks/records/suites/terminal_bench.py); "exact"
+    # (reasoning_gym only) = 1.0 iff the answer equals the reference (numbers compared as numbers),
+    # else 0.0: no partial credit (reasoning-gym's own score_answer gives 0.5 to "-2" for "2").
+    reward: Literal["fraction", "p6", "exact"] = "fraction"
 
     @model_validator(mode="after")
     def _check_source(self) -> "SuiteConfig":
         if self.reward == "p6" and self.source not in ("terminal_bench", "humaneval"):
             raise ValueError(f"suites[].reward='p6' needs per-test fail-to-pass/pass-to-pass lists, which source "
                              f"{self.source!r} has not (only terminal_bench and humaneval)")
+        if self.reward == "exact" and self.source != "reasoning_gym":
+            raise ValueError(f"suites[].reward='exact' compares a submitted answer with a reference answer, which "
+                             f"source {self.source!r} has not (only reasoning_gym)")
         if self.source == "reasoning_gym":
             from reasoning_gym.factory import DATASETS
 
@@ -56,6 +61,12 @@ class SuiteConfig(_Strict):
 
 class SplitConfig(_Strict):
     """Train/test split by task hash: tasks sorted by ``task_hash``; the first
-    ``round(test_fraction * n)`` of each suite are ``test``, the rest ``train``."""
+    ``round(test_fraction * n)`` of each suite are ``test``, the rest ``train``. With ``disjoint``
+    the split is by problem instead (:func:`tasks.records.overlap.disjoint_split`)."""
 
     test_fraction: float = Field(default=0.3, gt=0.0, lt=1.0)
+    # Held out means held out: keep tasks that share a prompt or a normalised problem (for
+    # arithmetic, the same expression) on one side, so no test task is a train task drawn twice,
+    # and refuse a freeze whose test tasks still share a problem with train (tasks.records.overlap).
+    # Off by default so that existing configs keep their splits; every findings config sets it.
+    disjoint: bool = False

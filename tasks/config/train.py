@@ -125,6 +125,10 @@ class TrainConfig(_Strict):
     micro_batch_size: int = Field(default=8, gt=0)
     grouping: Literal["within", "cross", "cross_coverage_matched", "cross_residualized"] = "within"
     advantage_scale: Literal["std", "none"] = "std"
+    # The random-reward control (a learning claim's baseline): the same pipeline, trained on rewards
+    # that carry no information, shuffled across each batch or drawn at its success rate
+    # (tasks.train.advantages.control_rewards); the logged rewards stay the real ones.
+    reward_control: Literal["none", "shuffle", "bernoulli"] = "none"
     clip_low: float = Field(default=0.2, gt=0)
     clip_high: float = Field(default=0.2, gt=0)
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"

@@ -98,7 +98,7 @@ class ScriptedRunner:
                             "stop_reason": "infra_error" if infra else "submitted",
                             "num_turns": len(ep_turns), "input_tokens": in_tok,
                             "output_tokens": sum(len(t["completion_token_ids"]) for t in ep_turns),
-                            "final_answer": answer})
+                            "final_answer": answer, "answer_parsed": not infra})
         return eps, turns
 
     def _agentic(self, eid: str, s: int, answer: str) -> tuple[list[dict[str, Any]], int]:

@@ -137,7 +137,7 @@ def _row(e: dict[str, Any], r: dict[str, Any], ck: dict[str, Any], attempt: int,
         "harness_id": r["harness_id"], "harness_name": r["harness_name"], "attempt": attempt,
         "seed": e["seed"], "reward": e["reward"], "resolved": status == "resolved", "status": status,
         "num_turns": e["num_turns"], "output_tokens": e["output_tokens"], "final_answer": e.get("final_answer") or "",
-        "retry": retry, "retry_of": retry_of,
+        "answer_parsed": bool(e["answer_parsed"]), "retry": retry, "retry_of": retry_of,
     }
 
 

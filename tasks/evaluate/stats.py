@@ -75,7 +75,11 @@ def cell_table(rows: list[dict[str, Any]], plan: dict[str, Any], min_graded_frac
     ``counted`` = graded_fraction >= ``min_graded_fraction`` (METHODS.md P4: 95%). For a counted
     cell: ``pass_at_1`` = mean over tasks of c/n (the unbiased pass@1), ``pass_at_k`` = mean over
     tasks with >= k graded attempts of :func:`pass_at_k` (k = the plan's attempts), ``avg_at_k``
-    = mean over tasks of the mean reward of the graded attempts (= pass@1 for binary rewards).
+    = mean over tasks of the mean reward of the graded attempts (= pass@1 for binary rewards),
+    ``parse_rate`` = the share of graded attempts whose answer was in the harness's own format
+    (``answer_parsed``: its answer pattern or submit tool, not the last-number fallback) and
+    ``acc_given_parsed`` = the resolved share of those (None when none parsed), so that a gain can
+    be read as format (parse rate up) or competence (accuracy given parsed up).
     ``row_mean`` rows (harness ``*``) average a checkpoint's counted cells, ``col_mean`` rows
     (checkpoint ``*``) a harness's; None where no cell counts.
 
@@ -106,7 +110,7 @@ def cell_table(rows: list[dict[str, Any]], plan: dict[str, Any], min_graded_frac
             graded = sum(r["status"] in GRADED for r in flat)
             frac = graded / planned if planned else 0.0
             counted = planned > 0 and frac >= min_graded_fraction
-            p1 = pk = avg = None
+            p1 = pk = avg = parse = acc_parsed = None
             if counted:
                 g = [[r for r in rs if r["status"] in GRADED] for rs in tasks.values()]
                 g = [x for x in g if x]
@@ -114,11 +118,16 @@ def cell_table(rows: list[dict[str, Any]], plan: dict[str, Any], min_graded_frac
                 pks = [pass_at_k(len(x), sum(r["resolved"] for r in x), k) for x in g if len(x) >= k]
                 pk = mean(pks) if pks else None
                 avg = mean([math.fsum(r["reward"] for r in x) / len(x) for x in g])
+                graded_rows = [r for x in g for r in x]
+                parsed = [r for r in graded_rows if r["answer_parsed"]]
+                parse = len(parsed) / len(graded_rows) if graded_rows else None
+                acc_parsed = sum(r["resolved"] for r in parsed) / len(parsed) if parsed else None
             out.append({"kind": "cell", "checkpoint": ck["name"], "train_harnesses": ck.get("train_harnesses", ""),
                         "harness_name": h, "held_out": h in held, "n_tasks": tasks_per_h.get(h, 0),
                         "planned": planned, "graded": graded, "infra_errors": infra, "timeouts": timeouts,
                         "graded_fraction": frac, "counted": counted, "k": k,
-                        "pass_at_1": p1, "pass_at_k": pk, "avg_at_k": avg})
+                        "pass_at_1": p1, "pass_at_k": pk, "avg_at_k": avg,
+                        "parse_rate": parse, "acc_given_parsed": acc_parsed})
     cells = list(out)
 
     def agg(kind: str, ck: str, th: str, h: str, sel: list[dict[str, Any]]) -> dict[str, Any]:
@@ -135,7 +144,7 @@ def cell_table(rows: list[dict[str, Any]], plan: dict[str, Any], min_graded_frac
                 "planned": planned, "graded": graded, "infra_errors": sum(c["infra_errors"] for c in sel),
                 "timeouts": sum(c["timeouts"] for c in sel), "graded_fraction": graded / planned if planned else 0.0,
                 "counted": bool(ok), "k": k, "pass_at_1": m("pass_at_1"), "pass_at_k": m("pass_at_k"),
-                "avg_at_k": m("avg_at_k")}
+                "avg_at_k": m("avg_at_k"), "parse_rate": m("parse_rate"), "acc_given_parsed": m("acc_given_parsed")}
 
     for ck in plan["checkpoints"]:
         out.append(agg("row_mean", ck["name"], ck.get("train_harnesses", ""), "*",

@@ -15,7 +15,10 @@ episode (:class:`tasks.rollout.sandbox.SandboxError`, :class:`tasks.rollout.brow
 
 from __future__ import annotations
 
+import ast
 import fnmatch
+import math
+import operator
 import posixpath
 import shlex
 from dataclasses import dataclass, field
@@ -191,6 +194,68 @@ def _type(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
     return ToolOutput(env.browser_session().type(str(args["ref"]), str(args["text"])))
 
 
+_ARITH_OPS: dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.USub: operator.neg, ast.UAdd: operator.pos,
+}
+_CALC_MAX_CHARS = 200       # a longer expression is refused, not parsed
+_CALC_MAX_MAGNITUDE = 1e15  # any intermediate result beyond this is refused (no 9**9**9 bombs)
+
+
+def evaluate_arithmetic(expression: str) -> int | float:
+    """The value of an arithmetic expression: numbers, ``+ - * / // % **`` and parentheses only.
+
+    Parsed with :func:`ast.parse` and walked node by node: no name, call, attribute or any other
+    Python construct is ever evaluated, so this is a calculator, not a code runner (it needs no
+    sandbox). An exponent above 64, an intermediate magnitude above 1e15 and an expression longer
+    than 200 characters are refused.
+
+    Returns an ``int`` when every operand and result is whole, else a ``float``.
+
+    Raises:
+        ValueError: the expression is not pure arithmetic, divides by zero or exceeds a limit;
+            the message is shown to the agent as the tool's output.
+    """
+    expr = expression.strip().replace("^", "**").replace("×", "*").replace("÷", "/")
+    if len(expr) > _CALC_MAX_CHARS:
+        raise ValueError(f"expression longer than {_CALC_MAX_CHARS} characters")
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        raise ValueError(f"not an arithmetic expression: {expression!r}") from None
+
+    def walk(node: ast.AST) -> int | float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            v = node.value
+        elif isinstance(node, ast.UnaryOp) and type(node.op) in _ARITH_OPS:
+            v = _ARITH_OPS[type(node.op)](walk(node.operand))
+        elif isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
+            a, b = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.Pow) and abs(b) > 64:
+                raise ValueError("exponent above 64")
+            try:
+                v = _ARITH_OPS[type(node.op)](a, b)
+            except ZeroDivisionError:
+                raise ValueError("division by zero") from None
+        else:
+            raise ValueError(f"only numbers, + - * / // % ** and parentheses are allowed, not {type(node).__name__}")
+        if isinstance(v, complex) or not math.isfinite(v) or abs(v) > _CALC_MAX_MAGNITUDE:
+            raise ValueError("result out of range")
+        return v
+
+    v = walk(tree.body)
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _calculate(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
+    try:
+        v = evaluate_arithmetic(str(args["expression"]))
+    except ValueError as e:
+        return ToolOutput(f"error: {e}", status="error")
+    return ToolOutput(str(round(v, 10) if isinstance(v, float) else v))
+
+
 IMPLS: dict[str, ToolImpl] = {t.name: t for t in [
     ToolImpl("python", ("code",), (), "sandbox", _python, "run a Python 3 program; stdout and stderr come back"),
     ToolImpl("shell", ("command",), (), "sandbox", _shell, "run a bash command in /app"),
@@ -200,6 +265,7 @@ IMPLS: dict[str, ToolImpl] = {t.name: t for t in [
     ToolImpl("search", ("pattern",), ("path",), "sandbox", _search, "grep -rnE a regex under a path"),
     ToolImpl("glob", ("pattern",), (), "sandbox", _glob, "list files matching a glob pattern"),
     ToolImpl("list_dir", (), ("path",), "sandbox", _list_dir, "list a directory"),
+    ToolImpl("calculate", ("expression",), (), "none", _calculate, "evaluate an arithmetic expression"),
     ToolImpl("submit", (), ("answer",), "none", _submit, "end the episode, optionally with an answer"),
     ToolImpl("click", ("ref",), (), "browser", _click, "click the page element with this reference"),
     ToolImpl("type", ("ref", "text"), (), "browser", _type, "type text into the page element with this reference"),

@@ -1,7 +1,8 @@
 """freeze: task suites x harness specs -> content-addressed, split, frozen task-harness records.
 
 Deterministic: the same config gives the same rows in the same order, hence byte-identical
-Parquet and the same hashes. Train and test splits are disjoint by task_hash.
+Parquet and the same hashes. Train and test splits are disjoint by task_hash; with
+``split.disjoint`` also by prompt and normalised problem (:mod:`tasks.records.overlap`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from tasks.config import RunConfig
 from tasks.harnesses.spec import HarnessSpec, load_harness
 from tasks.hashing import sha256_json
+from tasks.records.overlap import disjoint_split, overlap_rows
 from tasks.records.suites import Task, load_suite
 
 
@@ -41,7 +43,8 @@ def freeze_tables(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
     take train-split records) never run them.
 
     Raises:
-        ValueError: a suite yields two tasks with the same task_id, or no task at all.
+        ValueError: a suite yields two tasks with the same task_id, or no task at all; with
+            ``split.disjoint``, a test task shares its problem with a train task of another suite.
         HarnessError: a harness spec cannot be loaded.
     """
     task_rows: list[dict[str, Any]] = []
@@ -55,6 +58,8 @@ def freeze_tables(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
             uniq.setdefault(t.task_hash, t)  # identical tasks collapse to one
         if suite_cfg.eval_only:  # an out-of-domain suite: evaluated, never trained on
             splits = {h: "test" for h in uniq}
+        elif cfg.split.disjoint:  # no test task shares a prompt or a problem with a train task
+            splits = disjoint_split([t.to_row("") for t in uniq.values()], cfg.split.test_fraction)
         else:
             splits = split_by_hash(list(uniq.values()), cfg.split.test_fraction)
         for h in sorted(uniq):
@@ -63,6 +68,12 @@ def freeze_tables(cfg: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
                 raise ValueError(f"duplicate task_id {t.task_id!r} across suites")
             seen.add(t.task_id)
             task_rows.append(t.to_row(splits[h]))
+    if cfg.split.disjoint:
+        leaks = [r for r in overlap_rows(task_rows, True) if r["test_same_problem"]]
+        if leaks:  # across suites (an eval_only suite drawing a train problem): no split can fix it
+            r = leaks[0]
+            raise ValueError(f"split.disjoint: suite {r['suite']!r} has {r['test_same_problem']} test task(s) whose "
+                             "problem is also a train task's (of another suite); drop one of the suites or the flag")
 
     specs: list[HarnessSpec] = [load_harness(name) for name in cfg.harnesses]
     # evaluation-only (held-out) harnesses: their specs are frozen too, their records are test-only

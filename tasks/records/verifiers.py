@@ -10,6 +10,7 @@ verifiers that copy hidden tests in and run them) or browser session.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
@@ -88,7 +89,33 @@ def _reasoning_gym(spec: dict[str, Any], answer: str | None, ctx: GradeContext |
         )
     if answer is None:
         return 0.0
+    if spec.get("reward") == "exact":
+        return exact_answer_reward(answer, spec["answer"])
     return min(1.0, max(0.0, float(ds.score_answer(answer, entry))))
+
+
+def _number(text: str) -> float | None:
+    t = text.strip().rstrip(".").replace(",", "").strip()
+    try:
+        v = float(t)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def exact_answer_reward(answer: str, reference: str) -> float:
+    """1.0 iff ``answer`` equals ``reference``, else 0.0: no partial credit.
+
+    Two numbers are compared as numbers (``"3.0"`` equals ``"3"``, ``"1,000"`` equals ``"1000"``;
+    a relative tolerance of 1e-9 absorbs float formatting); anything else is compared as text,
+    stripped and case-folded. Unlike reasoning-gym's ``score_answer``, which gives 0.5 when the
+    reference is a substring of the answer (``"-2"`` for ``"2"``, ``"12"`` for ``"2"``), a sign
+    error or an extra digit scores 0, so the training reward is the sealed evaluation's success.
+    """
+    a, r = _number(answer), _number(reference)
+    if a is not None and r is not None:
+        return 1.0 if math.isclose(a, r, rel_tol=1e-9, abs_tol=1e-12) else 0.0
+    return 1.0 if answer.strip().casefold() == reference.strip().casefold() else 0.0
 
 
 # ----------------------------------------------------------------------------------------------

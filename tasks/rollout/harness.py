@@ -141,6 +141,9 @@ class _Episode:
     spans0: list[dict[str, Any]] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     answer: str | None = None
+    # the answer came from the harness's own format (its answer pattern or a submit tool), not the
+    # fallback (the last number of the final reply): P1's "the policy speaks the harness"
+    answer_parsed: bool = False
     done: bool = False
     status: str = "ok"
     error: str = ""
@@ -244,7 +247,7 @@ def _run_calls(ep: _Episode, spec: HarnessSpec, parsed: ParsedReply, sandbox_cfg
         outs.append((call.tool, out))
         if out.submitted:
             if out.answer is not None:
-                ep.answer = out.answer
+                ep.answer, ep.answer_parsed = out.answer, True
             return outs, True
     return outs, False
 
@@ -308,7 +311,10 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
         ep.status, ep.error, ep.done, observation, spans = "infra_error", str(err), True, "", []
     ep.wall_s += time.monotonic() - t0
     if ep.done and ep.answer is None and ep.status == "ok":
-        ep.answer = parsed.answer if parsed.answer is not None else fallback_answer(spec, g.text)
+        if parsed.answer is not None:
+            ep.answer, ep.answer_parsed = parsed.answer, True
+        else:
+            ep.answer = fallback_answer(spec, g.text)
     if (not ep.done and spec.limits.episode_wall_s is not None and ep.wall_s > spec.limits.episode_wall_s):
         ep.status, ep.done, observation, spans = "timeout", True, "", []
     if ep.done and g.finish_reason == "length":
@@ -453,6 +459,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 "input_tokens": e.input_tokens,
                 "output_tokens": sum(len(t["completion_token_ids"]) for t in e.turns),
                 "final_answer": e.answer,
+                "answer_parsed": e.answer is not None and e.answer_parsed,
                 "error": e.error,
             }
 

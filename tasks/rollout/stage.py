@@ -153,6 +153,7 @@ def episode_rows(eps: list[dict[str, Any]], policy_id: str, policy_version: int)
             "sample_idx": e["sample_idx"], "seed": e["seed"], "reward": e["reward"], "success": e["success"],
             "status": e["status"], "stop_reason": e["stop_reason"], "num_turns": e["num_turns"], "input_tokens": e["input_tokens"],
             "output_tokens": e["output_tokens"], "final_answer": e["final_answer"],
+            "answer_parsed": bool(e["answer_parsed"]),
         })
     return rows
 

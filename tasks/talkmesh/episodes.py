@@ -313,7 +313,7 @@ def run_mesh_records(policy: Any, cfg: Any, spec: HarnessSpec, harness_id: str, 
             ep = {"episode_id": j.episode_id, "reward": 1.0 if ok else 0.0, "success": ok, "status": "ok",
                   "stop_reason": "submitted", "num_turns": len(turns), "input_tokens": sum(prompt_lengths(turns)),
                   "output_tokens": sum(len(t["completion_token_ids"]) for t in turns),
-                  "final_answer": out["answer"], "error": "", "record": r, "sample_idx": s, "seed": j.seed,
+                  "final_answer": out["answer"], "answer_parsed": out["answer"] is not None, "error": "", "record": r, "sample_idx": s, "seed": j.seed,
                   "policy_id": policy.policy_id}
             if len(turns) != out["outputs_spent"]:
                 raise ValueError(f"talkmesh episode {j.episode_id}: {len(turns)} model-written messages recorded but "

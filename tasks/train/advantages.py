@@ -203,3 +203,36 @@ def advantages_for(rewards: torch.Tensor | Sequence[float], task_ids: Sequence[s
         within = group_advantages(rewards, group_ids(task_ids, harness_ids, "within"), scale=scale, eps=eps)
         return cross * coverage_matched_mask(within, cross, g, seed=seed), g
     raise ValueError(f"grouping {grouping!r} is not one of {GROUPINGS}")
+
+
+REWARD_CONTROLS = ("none", "shuffle", "bernoulli")
+
+
+def control_rewards(rewards: torch.Tensor | Sequence[float], control: str, seed: int) -> torch.Tensor:
+    """The rewards a random-reward control trains on: the same batch, with the information taken out.
+
+    - ``none``: the rewards unchanged (a copy, float64 ``[N]``);
+    - ``shuffle``: a seeded permutation of the batch's rewards across all its samples, so the
+      batch's mean and spread stay but no reward belongs to its sample any more;
+    - ``bernoulli``: each sample 1.0 with probability mean(rewards), else 0.0 (a success drawn at
+      the batch's success rate, independently of what the sample did).
+
+    A learning claim stands only against such a control (the same pipeline, the same number of
+    updates with non-zero advantages on average), because GRPO on rewards that carry no
+    information can still move pass@1 through the updates themselves (format drift, entropy
+    collapse). ``rewards``: float ``[N]``; ``seed``: the control's seed (one per batch). Returns
+    float64 ``[N]``.
+
+    Raises:
+        ValueError: unknown ``control`` (the message lists :data:`REWARD_CONTROLS`).
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64).clone()
+    if control == "none":
+        return r
+    g = torch.Generator().manual_seed(seed)
+    if control == "shuffle":
+        return r[torch.randperm(len(r), generator=g)]
+    if control == "bernoulli":
+        p = float(r.mean()) if len(r) else 0.0
+        return (torch.rand(len(r), generator=g, dtype=torch.float64) < p).to(torch.float64)
+    raise ValueError(f"train.reward_control={control!r} is not one of {REWARD_CONTROLS}")

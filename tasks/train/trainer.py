@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 from tasks.config import RunConfig
 from tasks.hashing import seed_from
+from tasks.train.advantages import control_rewards
 from tasks.train.batches import GroupPlan, plan_groups
 from tasks.train.forward import micro_batches, pad_batch, prefix_len, sequence_logprobs
 from tasks.train.sequences import TrainSequence
@@ -74,6 +75,9 @@ class Batch:
 
     Attributes:
         seqs: the sequences; ``rewards`` float64 ``[N]`` their rewards (before any KL term).
+        train_rewards: float64 ``[N]``, the rewards the advantages are computed from: ``rewards``,
+            or under ``train.reward_control`` the control's uninformative ones
+            (:func:`tasks.train.advantages.control_rewards`); ``rewards`` stay the logged ones.
         plan: their groups under the arm's grouping rule.
         old, ref: per sequence index, 1-D float32 log-probs ``[len(ids) - 1]`` of the targets
             (0 where the mask is 0) under the old (behaviour or proximal) and the reference
@@ -99,6 +103,7 @@ class Batch:
 
     seqs: list[TrainSequence]
     rewards: Any
+    train_rewards: Any
     plan: GroupPlan
     old: dict[int, Any]
     ref: dict[int, Any]
@@ -314,9 +319,11 @@ class Trainer:
         if sum(sum(s.mask[1:]) for s in seqs) == 0:
             raise ValueError("train: no trainable (policy-generated) tokens in the batch")
         rewards = torch.tensor([s.reward for s in seqs], dtype=torch.float64)
-        plan = plan_groups(rewards, [s.task_id for s in seqs], [s.harness_id for s in seqs], tc.grouping,
+        # the random-reward control trains on rewards with the information taken out (logged: the real ones)
+        train_rewards = control_rewards(rewards, tc.reward_control, seed_from(self.cfg.seed, "reward-control", epoch))
+        plan = plan_groups(train_rewards, [s.task_id for s in seqs], [s.harness_id for s in seqs], tc.grouping,
                            scale=tc.advantage_scale, seed=seed_from(self.cfg.seed, "coverage", epoch))
-        static = plan.advantages(rewards, range(len(seqs)))
+        static = plan.advantages(train_rewards, range(len(seqs)))
         layout = minibatches(plan.groups, tc.batch_size, layout_seed)
         kl_on = kl_cfg.beta > 0
         recompute = tc.old_source == "recompute"
@@ -356,7 +363,7 @@ class Trainer:
         n_sig = int((static != 0).sum())
         self.log(f"train: batch of {len(seqs)} sequences in {len(plan.groups)} groups at policy version "
                  f"{self.version}, {n_sig} with a task-reward signal; dropped {dropped or {}}")
-        return Batch(seqs=seqs, rewards=rewards, plan=plan, old=old, ref=ref,
+        return Batch(seqs=seqs, rewards=rewards, train_rewards=train_rewards, plan=plan, old=old, ref=ref,
                      old_version=self.version if recompute else None, static_adv=static, dropped=dict(dropped or {}),
                      mismatch=mismatch, epoch=epoch, sync_diff=sync_diff, layout=layout, deferred=deferred,
                      ref_deferred=ref_deferred)
@@ -412,7 +419,7 @@ class Trainer:
         for r, i in enumerate(idx):
             m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
             pen[r] = float(kl_estimate(cur[i], b.ref[i], kl_cfg.estimator, mask=m).sum())
-        rewards = b.rewards[idx] - kl_cfg.beta * pen
+        rewards = b.train_rewards[idx] - kl_cfg.beta * pen
         return b.plan.advantages(rewards, idx), float(kl_cfg.beta * pen.mean())
 
     def step(self, b: Batch, idx: list[int], *, ppo_epoch: int = 0, batch_index: int = 0

@@ -10,7 +10,7 @@ def ev(checkpoint: str, harness: str, task: str, attempt: int, status: str, retr
     resolved = status == "resolved"
     return {"checkpoint": checkpoint, "harness_name": harness, "record_id": f"{task}|{harness}", "task_id": task,
             "attempt": attempt, "retry": retry, "status": status, "resolved": resolved,
-            "reward": 1.0 if resolved else 0.0}
+            "reward": 1.0 if resolved else 0.0, "answer_parsed": True}
 
 
 def outcomes(checkpoint: str, harness: str, task: str, statuses: list[str]) -> list[dict[str, Any]]:

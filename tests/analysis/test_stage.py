@@ -42,7 +42,8 @@ def _training_episodes(records, p_success):
                         "split": "train", "policy_id": "p", "policy_version": 0,
                         "group_id": f"{r['task_id']}|{r['harness_id']}", "sample_idx": i, "seed": i,
                         "reward": float(ok), "success": ok, "status": "ok", "stop_reason": "submitted",
-                        "num_turns": 1, "input_tokens": 5, "output_tokens": 3, "final_answer": "1"})
+                        "num_turns": 1, "input_tokens": 5, "output_tokens": 3, "final_answer": "1",
+                        "answer_parsed": True})
     return eps
 
 

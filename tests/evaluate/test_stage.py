@@ -289,7 +289,7 @@ def test_evaluate_refuses_test_tasks_in_online_training_rollouts(tmp_path):
           "harness_id": rec["harness_id"], "harness_name": rec["harness_name"], "split": "train", "policy_id": "p",
           "policy_version": 1, "group_id": "g", "sample_idx": 0, "seed": 0, "reward": 1.0, "success": True,
           "status": "ok", "stop_reason": "submitted", "num_turns": 1, "input_tokens": 3, "output_tokens": 2,
-          "final_answer": "1"}
+          "final_answer": "1", "answer_parsed": True}
     refs["online_episodes"] = store.write("train", "online_episodes", [ep], contract="episodes")
     with pytest.raises(LeakageError, match=f"training rollouts: \\['{rec['task_id']}'\\]"):
         run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner())

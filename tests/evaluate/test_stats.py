@@ -69,7 +69,7 @@ def _contrast_rows(rates: dict[tuple[str, str], list[int]], attempts: int = 2) -
                 ok = a < c
                 rows.append({"checkpoint": ck, "harness_name": h, "record_id": f"t{i}|{h}", "task_id": f"t{i}",
                              "attempt": a, "retry": 0, "status": "resolved" if ok else "unresolved",
-                             "resolved": ok, "reward": float(ok)})
+                             "resolved": ok, "reward": float(ok), "answer_parsed": True})
     return rows
 
 
@@ -121,3 +121,20 @@ def test_contrast_intervals_are_at_the_bonferroni_level_one_minus_alpha_over_m()
         # ... strictly wider than the unadjusted 1 - alpha interval on these data
         assert c["ci_low"] < np.quantile(boot, alpha / 2) and c["ci_high"] > np.quantile(boot, 1 - alpha / 2)
         assert c["p_bonferroni"] == pytest.approx(min(1.0, m * c["p_value"]))
+
+
+def test_parse_rate_and_accuracy_given_parsed_per_cell_by_hand():
+    # 4 tasks x 2 attempts under h: resolved [2, 1, 0, 1]; parsed: attempt 0 of every task, and
+    # attempt 1 of task 0 -> 5 of 8 parsed; resolved among parsed: t0 a0, t0 a1, t1 a0, t3 a0 = 4 of 5
+    rows = _contrast_rows({("final", "h"): [2, 1, 0, 1], ("base", "h"): [0, 0, 0, 0]})
+    for r in rows:
+        r["answer_parsed"] = r["attempt"] == 0 or (r["task_id"] == "t0" and r["checkpoint"] == "final")
+        if r["checkpoint"] == "base":
+            r["answer_parsed"] = False
+    plan = _plan(4, ["h"], [])
+    cells = {(c["kind"], c["checkpoint"]): c for c in cell_table(rows, plan, 0.95)}
+    final, base = cells[("cell", "final")], cells[("cell", "base")]
+    assert final["pass_at_1"] == pytest.approx(0.5)
+    assert final["parse_rate"] == pytest.approx(5 / 8) and final["acc_given_parsed"] == pytest.approx(4 / 5)
+    assert base["parse_rate"] == 0.0 and base["acc_given_parsed"] is None  # none parsed: undefined, not 0
+    assert cells[("col_mean", "*")]["parse_rate"] == pytest.approx((5 / 8 + 0.0) / 2)

@@ -4,8 +4,9 @@ import yaml
 from tasks.harnesses.spec import HarnessError, load_harness
 
 
-SHIPPED = ["aider-like", "answer-tag", "direct", "openhands-like", "qwen-code-like", "react-python",
-           "react-python-skill", "react-python-skill-file", "swe-agent-like", "talkmesh", "web-react"]
+SHIPPED = ["aider-like", "answer-tag", "boxed", "calculator", "direct", "json-answer", "openhands-like",
+           "qwen-code-like", "react-python", "react-python-skill", "react-python-skill-file", "swe-agent-like",
+           "talkmesh", "think-answer", "web-react"]
 
 
 def test_every_shipped_family_loads_with_its_loop_and_format():
@@ -16,7 +17,10 @@ def test_every_shipped_family_loads_with_its_loop_and_format():
     assert got == {
         "aider-like": ("search_replace", "reflect_on_test_failure"),
         "answer-tag": ("final_answer", "single_turn"),
+        "boxed": ("final_answer", "single_turn"),
+        "calculator": ("function_call", "react"),
         "direct": ("final_answer", "single_turn"),
+        "json-answer": ("final_answer", "single_turn"),
         "openhands-like": ("fenced_code", "codeact"),
         "qwen-code-like": ("function_call", "react"),
         "react-python": ("fenced_code", "react"),
@@ -24,6 +28,7 @@ def test_every_shipped_family_loads_with_its_loop_and_format():
         "react-python-skill-file": ("fenced_code", "react"),
         "swe-agent-like": ("function_call", "react"),
         "talkmesh": ("final_answer", "talkmesh"),
+        "think-answer": ("final_answer", "single_turn"),
         "web-react": ("xml_tags", "react"),
     }
     q = load_harness("qwen-code-like")

@@ -141,7 +141,7 @@ def _store(root, cfg):
                         "task_hash": r["task_hash"], "harness_id": r["harness_id"], "harness_name": r["harness_name"],
                         "split": "train", "policy_id": "p", "policy_version": 0, "group_id": "g", "sample_idx": k,
                         "seed": k, "reward": reward, "success": bool(reward), "status": "ok", "stop_reason": "submitted", "num_turns": 1,
-                        "input_tokens": 5, "output_tokens": 4, "final_answer": "1"})
+                        "input_tokens": 5, "output_tokens": 4, "final_answer": "1", "answer_parsed": True})
             comp = torch.randint(5, 1000, (4,), generator=g).tolist()
             turns.append({"episode_id": eid, "turn_idx": 0, "prompt_continues": False,
                           "prompt_added_ids": torch.randint(5, 1000, (5,), generator=g).tolist(),

@@ -24,7 +24,7 @@ def leaky_store(tmp_path):
           "harness_id": rec["harness_id"], "harness_name": rec["harness_name"], "split": "train", "policy_id": "p",
           "policy_version": 0, "group_id": "g", "sample_idx": 0, "seed": 0, "reward": 1.0, "success": True,
           "status": "ok", "stop_reason": "submitted", "num_turns": 1, "input_tokens": 3, "output_tokens": 2,
-          "final_answer": "1"}
+          "final_answer": "1", "answer_parsed": True}
     turn = {"episode_id": "e0", "turn_idx": 0, "prompt_continues": False, "prompt_added_ids": [1, 2, 3], "completion_token_ids": [4, 5],
             "completion_logprobs": [-1.0, -1.0], "loss_mask": [1, 1], "completion_text": "x", "finish_reason": "stop",
             "action": "{}", "observation": "", "read_spans": "[]"}

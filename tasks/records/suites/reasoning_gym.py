@@ -37,7 +37,9 @@ def load(cfg: SuiteConfig) -> Iterator[Task]:
     """Yield ``cfg.size`` tasks of reasoning-gym dataset ``cfg.name`` generated with ``cfg.seed``.
 
     The verifier spec keeps (dataset, seed, size, index, params, answer): grading regenerates the
-    entry and calls the dataset's own ``score_answer``.
+    entry and calls the dataset's own ``score_answer``, or with ``reward: exact`` (kept in the spec)
+    compares the answer with the reference exactly
+    (:func:`tasks.records.verifiers.exact_answer_reward`).
     """
     ds = _dataset(cfg.name, cfg.seed, cfg.size, canonical_json(cfg.params))
     for i in range(cfg.size):
@@ -51,6 +53,8 @@ def load(cfg: SuiteConfig) -> Iterator[Task]:
             verifier_spec={
                 "dataset": cfg.name, "seed": cfg.seed, "size": cfg.size, "index": i,
                 "params": dict(cfg.params), "answer": str(entry["answer"]),
+                # only when set, so that the default's task hashes stay what they were
+                **({"reward": "exact"} if cfg.reward == "exact" else {}),
             },
             metadata=jsonable(meta),
         )
