@@ -14,7 +14,7 @@ the adapter's merged weights loaded in place.
 It prints held-out pass@1 against wall-clock seconds for both, the time each side needs to first
 reach the lower of the two final accuracies (and their ratio), and whole-iteration samples/s.
 
-TRL runs in ``.venv-bench`` (see ``benchmarks/train_step.py``); this script runs our side and the
+TRL runs in ``.venv-bench`` (built by ``scripts/setup-bench.sh``); this script runs our side and the
 evaluation with ``.venv``'s interpreter:
 
     .venv/bin/python benchmarks/learning.py [--budget-s 900] [--marks 4] [--attempts 4]

@@ -18,12 +18,10 @@ the trainer's default micro-batch (``train.micro_batch_size``, 8 sequences; ``--
 Peak memory is set by the micro-batch: the output projection's ``[positions, vocabulary]`` logits
 (49,152 columns for SmolLM2) and the activations kept for the backward pass grow with it.
 
-TRL is installed only for this benchmark, in ``.venv-bench`` layered over ``.venv``::
+TRL is installed only for the benchmarks, in ``.venv-bench`` layered over ``.venv``, by
+``scripts/setup-bench.sh`` (pins in ``benchmarks/requirements-trl.txt``)::
 
-    python3 -m venv .venv-bench
-    echo "import site; site.addsitedir('$(.venv/bin/python -c 'import site; print(site.getsitepackages()[0])')')" \\
-        > "$(.venv-bench/bin/python -c 'import site; print(site.getsitepackages()[0])')/harnessrl-main-venv.pth"
-    .venv-bench/bin/pip install --no-deps trl==1.16.0 && .venv-bench/bin/pip install datasets==5.2.0
+    ./scripts/setup-bench.sh
     .venv-bench/bin/python benchmarks/train_step.py [--iters 6] [--smollm2]
 
 ``--smoke`` (the test suite, plain ``.venv``): our side only, on a 2-layer tiny model, 4 prompts x 2

@@ -217,7 +217,9 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
            public_key: Optional[Path] = typer.Option(None, "--public-key",
                                                      help="the expected Ed25519 public key (PEM) of the signer"),
            witness: bool = typer.Option(False, "--witness",
-                                        help="also check plan hash and chain head against the Prefect API's artifacts")) -> None:
+                                        help="also check plan hash and chain head against the Prefect API's artifacts"),
+           findings_file: Optional[Path] = typer.Option(None, "--findings", help="also compare the rows of this "
+                                                        "findings JSONL file that name the run's config hash")) -> None:
     """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain, statistics,
     exports, Inspect logs) and its Ed25519 signatures (with --public-key: by that key). Exit 0: verified; 1: tampered (the first difference is named);
     2: not a run, or unreadable (one line says which)."""
@@ -255,6 +257,11 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
                 typer.secho(f"--witness: no Prefect API answers ({type(e).__name__}: {e})", fg="red", err=True)
                 raise typer.Exit(2)
             typer.echo(f"witnessed by the Prefect API: plan at {seen['plan']}, head at {seen['head']}")
+        if findings_file is not None:
+            from flows.findings import check_published
+
+            n = check_published(ArtifactStore(run_dir), findings_file, run_dir.resolve().name.rsplit("-", 1)[-1])
+            typer.echo(f"{findings_file}: {n} row(s) of this run recomputed and equal")
     except NotARunError as e:
         typer.secho(f"NOT A RUN: {e}", fg="red", err=True)
         raise typer.Exit(2)
@@ -263,6 +270,51 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
         raise typer.Exit(1)
     typer.secho(f"verified: plan {rep.plan_hash[:16]}, {rep.rows} sealed rows, head {rep.head[:16]}, "
                 f"signed by {rep.fingerprint}", fg="green")
+
+
+@app.command()
+def findings(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help=f"run config (default {DEFAULT_CONFIG})"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="the run folder (default RUN_ROOT/NAME-CONFIGHASH)"),
+    set_: list[str] = typer.Option([], "--set", help="the same overrides the run was given"),
+    quick: bool = typer.Option(False, "--quick", help="the run was made with --quick"),
+    append: Optional[Path] = typer.Option(None, "--append", help="append the rows to this JSONL file (e.g. "
+                                          "benchmarks/results/findings.jsonl)"),
+) -> None:
+    """Verify a finished run and print its findings as JSON rows (paper, headline, estimate, interval,
+    verdict, control, config hash, commit, signing key, wall time); --append adds them to a file.
+    Exit 1: the run does not verify; 2: no such run, or its plan names no findings."""
+    import json
+    import subprocess
+
+    from flows.findings import finding_rows
+    from schemas import ArtifactStore
+    from tasks.evaluate.seal import SealError
+    from tasks.evaluate.verify import NotARunError
+
+    cfg = _config_or_exit(config, set_, None, quick=quick)
+    rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
+    if not rd.is_dir():
+        typer.secho(f"NOT A RUN: {rd}: no such folder (run it first: harnessrl run -c {config or DEFAULT_CONFIG})",
+                    fg="red", err=True)
+        raise typer.Exit(2)
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    try:
+        rows = finding_rows(ArtifactStore(rd), config=str(config or DEFAULT_CONFIG) + (" --quick" if quick else ""),
+                            config_hash=cfg.config_hash(), commit=commit or "unknown")
+    except NotARunError as e:
+        typer.secho(f"NOT A RUN: {e}", fg="red", err=True)
+        raise typer.Exit(2)
+    except SealError as e:
+        typer.secho(f"NOT VERIFIED: {e}", fg="red", err=True)
+        raise typer.Exit(2 if "names no findings" in str(e) else 1)
+    lines = [json.dumps(r, sort_keys=True) for r in rows]
+    for line in lines:
+        typer.echo(line)
+    if append is not None:
+        with append.open("a") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+        typer.echo(f"appended {len(lines)} row(s) to {append}")
 
 
 @app.command()

@@ -77,6 +77,10 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
         logging.getLogger("harnessrl.flows").warning("%s: removed %d temp file(s) of an interrupted write: %s",
                                                      stage, len(stray), ", ".join(stray))
     started = _now()
+    try:
+        earlier = store.read_json(stage_state_path(stage)) if store.exists(stage_state_path(stage)) else {}
+    except (ValueError, OSError):  # a record cut by a crash: nothing to carry over
+        earlier = {}
     record = {"stage": stage, "state": "Running", "pid": os.getpid(), "host": socket.gethostname(),
               "started_at": started, "finished_at": None, "seconds": None, "error": None}
     store.write_json(stage_state_path(stage), record)
@@ -85,6 +89,11 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
     t0 = time.perf_counter()
     state = t(run_dir, cfg, inputs, return_state=True)
     record.update(finished_at=_now(), seconds=round(time.perf_counter() - t0, 3), state=state.name)
+    # the seconds the stage last computed (a cache hit keeps the earlier figure): a run's wall time
+    if state.name == "Cached":
+        record["compute_seconds"] = earlier.get("compute_seconds")
+    else:
+        record["compute_seconds"] = record["seconds"]
     try:
         outputs = state.result()
     except BaseException as e:
@@ -114,7 +123,8 @@ def result_storage(store: ArtifactStore) -> Any:
 
 def stage_state_path(stage: str) -> str:
     """Store path of a stage's last-run record (JSON: stage, state Running|Completed|Cached|Failed,
-    pid, host, started_at/finished_at (UTC ISO 8601), seconds, error), read by ``harnessrl status``."""
+    pid, host, started_at/finished_at (UTC ISO 8601), seconds, compute_seconds (the seconds of the
+    stage's last run that was not a cache hit), error), read by ``harnessrl status``."""
     return f"{STATE_DIR}/{stage}.json"
 
 

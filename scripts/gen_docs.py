@@ -4,7 +4,9 @@
   default, constraints) with each section's docstring, from the pydantic models;
 - ``reference/harness-spec.md``: every field of ``tasks.harnesses.spec.HarnessSpec`` and the
   shipped harnesses (``tasks/harnesses/specs/*.yaml``), loaded and validated;
-- ``benchmarks.md``: the rows of ``benchmarks/results/*.jsonl`` (commit, date, machine, figures).
+- ``benchmarks.md``: the rows of ``benchmarks/results/*.jsonl`` (commit, date, machine, figures);
+- ``findings.md``: the papers' headlines as tested, from ``benchmarks/results/findings.jsonl``
+  (rows that ``harnessrl findings --append`` writes from verified runs).
 
 mkdocs runs this file as a hook (``hooks:`` in ``mkdocs.yml``): ``on_files`` adds the pages to
 the build in memory; nothing is written into ``docs/``. ``python scripts/gen_docs.py OUT_DIR``
@@ -203,8 +205,8 @@ def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks"
         "```",
         "",
     ]
-    names = sorted({p.stem for p in scripts.glob("*.py") if not p.stem.startswith("_")} |
-                   ({p.stem for p in results.glob("*.jsonl")} if results.is_dir() else set()))
+    names = sorted(({p.stem for p in scripts.glob("*.py") if not p.stem.startswith("_")} |
+                    ({p.stem for p in results.glob("*.jsonl")} if results.is_dir() else set())) - {"findings"})
     for name in names:
         lines += [f"## {name}", ""]
         summary = _script_summary(name)
@@ -240,6 +242,41 @@ def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks"
     return "\n".join(lines)
 
 
+def findings_page(results: Path = RESULTS) -> str:
+    """The findings table: one row per tested headline, newest first, from ``findings.jsonl``."""
+    f = results / "findings.jsonl"
+    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
+    lines = [
+        "# Findings",
+        "",
+        "Generated from `benchmarks/results/findings.jsonl` (`scripts/gen_docs.py`). Each row is one paper's "
+        "headline as a run of this repository tested it: the measure's estimate with its Bonferroni interval, "
+        "the number of held-out tasks, the random-reward control's estimate where the claim is a learning "
+        "claim, and the verdict by the rule fixed before the run ([how verdicts are decided](experiments/"
+        "findings-rules.md)). A row is written only from a run that `harnessrl verify` accepts, and "
+        "`harnessrl verify RUN --findings benchmarks/results/findings.jsonl` recomputes its numbers.",
+        "",
+        "```bash",
+        ".venv/bin/harnessrl run -c configs/p4-findings.yaml          # about the time in the wall column",
+        ".venv/bin/harnessrl findings -c configs/p4-findings.yaml --append benchmarks/results/findings.jsonl",
+        "```",
+        "",
+    ]
+    if not rows:
+        return "\n".join(lines + ["No findings recorded yet: no findings config has been run to the end and "
+                                   "published. Until one is, this page has no numbers.", ""])
+    lines += ["| paper | headline | measure | estimate | interval | n | control | verdict | config | commit | wall (s) |",
+              "| --- | --- | --- | ---: | --- | ---: | ---: | --- | --- | --- | ---: |"]
+    for r in rows[::-1]:
+        iv = "n/a" if r.get("ci_low") is None else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+        lines.append("| " + " | ".join(_cell(str(x)) for x in [
+            r["paper"], r["headline"], r["measure"], "n/a" if r.get("estimate") is None else f"{r['estimate']:+.3f}",
+            iv, r["n"], "" if r.get("control") is None else f"{r['control']:+.3f}", f"**{r['verdict']}**",
+            f"`{r['config']}`", f"`{str(r['commit'])[:12]}`", "" if r.get("wall_s") is None else f"{r['wall_s']:.0f}",
+        ]) + " |")
+    return "\n".join(lines + [""])
+
+
 def commands_reference() -> str:
     """Every ``harnessrl`` command with its help text and parameters, from the typer app."""
     import typer.main
@@ -272,6 +309,7 @@ PAGES = {
     "reference/configuration.md": config_reference,
     "reference/harness-spec.md": harness_reference,
     "benchmarks.md": benchmarks_page,
+    "findings.md": findings_page,
 }
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from tasks.config.base import _Strict
 
@@ -21,6 +23,39 @@ class ContrastConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")
     a: ContrastArm
     b: ContrastArm
+
+
+class FindingConfig(_Strict):
+    """A paper's headline, pre-registered with the rule that decides it (docs/findings-rules.md).
+
+    ``measure``: ``contrast`` (the pre-registered contrast named ``contrast``: a - b of per-task
+    success rates) or ``harness_spread_minus_recipe_spread`` (how much more the evaluation harness
+    moves pass@1 than the checkpoint does, over ``checkpoints``: None = every evaluated one).
+    ``claim``: ``increase`` (the measure is above 0) or ``no_increase`` (it is at most ``margin``).
+    ``margin``: the smallest difference of interest (success-rate points, in [0, 1]).
+    ``control``: for a learning claim, the contrast that measures the same difference for the
+    random-reward control arm (``train.reward_control``); the claim stands only where the
+    control's estimate is below the real arm's.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")
+    paper: str = Field(min_length=1)
+    headline: str = Field(min_length=1)
+    measure: Literal["contrast", "harness_spread_minus_recipe_spread"]
+    claim: Literal["increase", "no_increase"]
+    contrast: str | None = None
+    control: str | None = None
+    checkpoints: list[str] | None = None
+    margin: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "FindingConfig":
+        if (self.measure == "contrast") != (self.contrast is not None):
+            raise ValueError(f"evaluate.findings[{self.name!r}].contrast={self.contrast!r}: a 'contrast' measure "
+                             "names one pre-registered contrast, and only it does")
+        if self.checkpoints is not None and self.measure != "harness_spread_minus_recipe_spread":
+            raise ValueError(f"evaluate.findings[{self.name!r}].checkpoints applies to the spread measure only")
+        return self
 
 
 class EvaluateConfig(_Strict):
@@ -47,6 +82,9 @@ class EvaluateConfig(_Strict):
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     bootstrap_resamples: int = Field(default=10_000, ge=100, le=1_000_000)
     power: float = Field(default=0.8, gt=0.0, lt=1.0)
+    # the papers' headlines this run tests, with their verdict rules (tasks.evaluate.findings);
+    # sealed in the plan and the pre-registration like the contrasts
+    findings: list[FindingConfig] | None = None
 
     @field_validator("harnesses")
     @classmethod
@@ -63,3 +101,19 @@ class EvaluateConfig(_Strict):
             if not v or len(set(names)) != len(names):
                 raise ValueError(f"evaluate.contrasts must be non-empty with unique names, got {names}")
         return v
+
+    @model_validator(mode="after")
+    def _findings_name_contrasts(self) -> "EvaluateConfig":
+        if self.findings is None:
+            return self
+        names = [f.name for f in self.findings]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"evaluate.findings must be non-empty with unique names, got {names}")
+        known = {c.name for c in self.contrasts or []}
+        for f in self.findings:
+            for field in ("contrast", "control"):
+                ref = getattr(f, field)
+                if ref is not None and ref not in known:
+                    raise ValueError(f"evaluate.findings[{f.name!r}].{field}={ref!r} is not one of evaluate.contrasts "
+                                     f"{sorted(known)}")
+        return self

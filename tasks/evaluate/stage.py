@@ -100,6 +100,8 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
         "power": cfg.evaluate.power,
         "policy": cfg.policy.model_dump(mode="json"),
         "sandbox": cfg.sandbox.model_dump(mode="json"),
+        # the papers' headlines and their verdict rules (only when set: plans without keep their hash)
+        **({"findings": [f.model_dump(mode="json") for f in cfg.evaluate.findings]} if cfg.evaluate.findings else {}),
         "inputs": {k: v.sha256 for k, v in sorted(inputs.items())},
         # harnesses of a plugged-in loop type run with the rollout stage's fitted state (talkmesh:
         # the confidence head that scores its agents): sealed with its file
@@ -291,6 +293,17 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     cells_ref = store.write("evaluate", "eval_cells", cells, inputs=[ref], config_hash=ch, extra={"plan_hash": ph})
     con_ref = store.write("evaluate", "eval_contrasts", contrasts, inputs=[ref], config_hash=ch,
                           extra={"plan_hash": ph})
+    found: dict[str, Any] = {}
+    if plan.get("findings"):
+        from tasks.evaluate.findings import finding_table
+
+        findings = finding_table(sealed, plan, contrasts)
+        found["eval_findings"] = store.write("evaluate", "eval_findings", findings, inputs=[ref], config_hash=ch,
+                                             extra={"plan_hash": ph})
+        for f in findings:
+            log.info("finding %s (%s): %s [%s, %s] -> %s (%s)", f["name"], f["paper"],
+                     *("n/a" if v is None else f"{v:+.3f}" for v in (f["estimate"], f["ci_low"], f["ci_high"])),
+                     f["verdict"], f["reason"])
     tick("stats")
     for c in cells:
         if c["kind"] == "cell":
@@ -303,4 +316,5 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     write_exports(store, cfg.name, plan, ph, sealed, cells, turns_of, task_by_id,
                   {s.name: s.render_system() for s in specs.values()})
     tick("exports")
-    return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref, "eval_turns": turns_ref}
+    return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref, "eval_turns": turns_ref,
+            **found}

@@ -68,8 +68,9 @@ def read_sealed(store: ArtifactStore) -> tuple[dict[str, Any], str, list[dict[st
 
 
 def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """Recompute ``eval_cells`` and ``eval_contrasts`` from the verified rows and the plan (the
-    bootstrap is seeded from the plan) and compare them with the files, row by row."""
+    """Recompute ``eval_cells``, ``eval_contrasts`` and, when the plan names findings,
+    ``eval_findings`` from the verified rows and the plan (every bootstrap is seeded from the plan)
+    and compare them with the files, row by row."""
     from tasks.evaluate.stats import cell_table, contrast_table
 
     for name in STATS:
@@ -79,6 +80,12 @@ def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[st
     want = {"eval_cells": cells,
             "eval_contrasts": contrast_table(rows, plan, cells, alpha=plan["alpha"],
                                              resamples=plan["bootstrap_resamples"], power=plan["power"])}
+    if plan.get("findings"):
+        from tasks.evaluate.findings import finding_table
+
+        if not store.exists("evaluate/eval_findings.parquet"):
+            raise SealError("evaluate/eval_findings.parquet: missing (the plan names findings; a sealed run has it)")
+        want["eval_findings"] = finding_table(rows, plan, want["eval_contrasts"])
     for name, expected in want.items():
         try:
             got = store.raw_rows("evaluate", name)

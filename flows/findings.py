@@ -1,0 +1,96 @@
+"""Findings as data: the rows of ``benchmarks/results/findings.jsonl``, built from a verified run.
+
+A row is published only from a run that :func:`tasks.evaluate.verify.verify_run` accepts (plan,
+chain, signatures, and the ``eval_findings`` table recomputed from the sealed rows), and it copies
+that table's numbers unchanged, so ``harnessrl verify RUN --findings FILE`` can recompute every
+number of every row that names the run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from flows.status import STATE_DIR
+from schemas import ArtifactStore
+from tasks.evaluate.seal import SealError
+
+# the numbers of a row that come from the run's eval_findings table, compared by verify
+ROW_NUMBERS = ("estimate", "ci_low", "ci_high", "n", "verdict", "control")
+
+
+def run_wall_s(store: ArtifactStore) -> float | None:
+    """Seconds the run's stages computed: the sum over stages of each stage record's
+    ``compute_seconds`` (the last run of the stage that was not a cache hit; a stage killed and
+    resumed counts its last attempt only). None when no stage record has one."""
+    total, seen = 0.0, False
+    for stage in ("freeze", "rollout", "train", "evaluate", "analyze"):
+        rel = f"{STATE_DIR}/{stage}.json"
+        if store.exists(rel):
+            rec = store.read_json(rel)
+            if rec.get("compute_seconds") is not None:
+                total += float(rec["compute_seconds"])
+                seen = True
+    return round(total, 1) if seen else None
+
+
+def finding_rows(store: ArtifactStore, *, config: str, config_hash: str, commit: str,
+                 public_key: bytes | None = None) -> list[dict[str, Any]]:
+    """One ``findings.jsonl`` row per finding of a verified run.
+
+    Fields: ``paper``, ``name``, ``headline``, ``measure``, ``estimate``, ``ci_low``,
+    ``ci_high``, ``level`` (the interval's confidence), ``n`` (tasks), ``verdict``, ``reason``,
+    ``control`` (the random-reward control's estimate, None where the finding names no control),
+    ``config`` (the config file), ``config_hash``, ``commit``, ``key_fingerprint`` (the sealed
+    evaluation's Ed25519 signing key) and ``wall_s`` (:func:`run_wall_s`).
+
+    Raises:
+        NotARunError: not a run with a sealed evaluation.
+        SealError: the run does not verify, or its plan names no findings.
+    """
+    from tasks.evaluate.verify import verify_run
+
+    rep = verify_run(store, public_key=public_key)
+    if not store.exists("evaluate/eval_findings.parquet"):
+        raise SealError(f"{store.url}: the sealed plan names no findings (evaluate.findings is not set)")
+    wall = run_wall_s(store)
+    rows = []
+    for f in store.rows(("evaluate", "eval_findings")):
+        rows.append({"paper": f["paper"], "name": f["name"], "headline": f["headline"], "measure": f["measure"],
+                     "estimate": f["estimate"], "ci_low": f["ci_low"], "ci_high": f["ci_high"], "level": f["level"],
+                     "n": f["n"], "verdict": f["verdict"], "reason": f["reason"], "control": f["control_estimate"],
+                     "config": config, "config_hash": config_hash, "commit": commit,
+                     "key_fingerprint": rep.fingerprint, "wall_s": wall})
+    return rows
+
+
+def check_published(store: ArtifactStore, findings_file: Path, config_hash: str) -> int:
+    """Compare every row of ``findings_file`` whose ``config_hash`` starts with ``config_hash`` (a
+    run folder's name ends in the first 10 characters of it) with the run's recomputed
+    ``eval_findings`` (call after :func:`~tasks.evaluate.verify.verify_run`); returns how many
+    rows matched.
+
+    Raises:
+        SealError: a row's number differs from the run's (naming the row, the field and both
+            values), or a row names a finding the run does not have.
+    """
+    ours = {f["name"]: f for f in store.rows(("evaluate", "eval_findings"))} \
+        if store.exists("evaluate/eval_findings.parquet") else {}
+    n = 0
+    for i, line in enumerate(findings_file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not str(row.get("config_hash", "")).startswith(config_hash):
+            continue
+        f = ours.get(row.get("name"))
+        if f is None:
+            raise SealError(f"{findings_file}:{i}: finding {row.get('name')!r} is not in the run's eval_findings")
+        want = {"estimate": f["estimate"], "ci_low": f["ci_low"], "ci_high": f["ci_high"], "n": f["n"],
+                "verdict": f["verdict"], "control": f["control_estimate"]}
+        for k in ROW_NUMBERS:
+            if row.get(k) != want[k]:
+                raise SealError(f"{findings_file}:{i}: {k}={row.get(k)!r}, recomputed {want[k]!r}")
+        n += 1
+    return n

@@ -1,0 +1,132 @@
+"""Findings: the verdict rule branch by branch, the spread measure by hand, and a sealed run whose
+findings are written, recomputed by `harnessrl verify`, and caught when edited."""
+
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from schemas import ArtifactStore
+from tasks.config import RunConfig
+from tasks.evaluate.findings import spread_gap, verdict
+from tasks.evaluate.scripted import ScriptedRunner
+from tasks.evaluate.stage import run_evaluate
+from tests.evaluate.test_stage import _rewrite, _store
+
+
+@pytest.mark.parametrize("claim,est,lo,hi,margin,control,want", [
+    ("increase", 0.10, 0.02, 0.18, 0.0, None, "reproduced"),
+    ("increase", 0.10, 0.02, 0.18, 0.0, 0.03, "reproduced"),       # control moved less
+    ("increase", 0.10, 0.02, 0.18, 0.0, 0.12, "inconclusive"),     # control moved as much: not the reward
+    ("increase", 0.01, -0.03, 0.04, 0.05, None, "not reproduced"),  # any effect below the smallest of interest
+    ("increase", -0.10, -0.18, -0.02, 0.0, None, "not reproduced"),  # the other way
+    ("increase", 0.03, -0.03, 0.09, 0.05, None, "inconclusive"),
+    ("increase", None, None, None, 0.0, None, "inconclusive"),
+    ("no_increase", 0.01, -0.04, 0.04, 0.05, None, "reproduced"),
+    ("no_increase", 0.12, 0.07, 0.17, 0.05, None, "not reproduced"),
+    ("no_increase", 0.05, -0.01, 0.11, 0.05, None, "inconclusive"),
+])
+def test_the_verdict_rule_branch_by_branch(claim, est, lo, hi, margin, control, want):
+    got, reason = verdict(claim, est, lo, hi, margin, control)
+    assert got == want, reason
+    assert "\n" not in reason and reason
+
+
+def test_spread_gap_by_hand():
+    # 2 checkpoints x 3 harnesses x 2 tasks: P = [[0.5, 0.0, 1.0], [0.5, 0.25, 0.75]]
+    r = np.array([[[0.5, 0.5], [0.0, 0.0], [1.0, 1.0]], [[1.0, 0.0], [0.5, 0.0], [0.5, 1.0]]])
+    # harness spread: mean(1.0 - 0.0, 0.75 - 0.25) = 0.75; recipe spread: mean(0, 0.25, 0.25) = 1/6
+    assert spread_gap(r) == pytest.approx(0.75 - 1 / 6)
+
+
+def _cfg():
+    contrasts = [{"name": "final-minus-base-direct", "a": {"checkpoint": "final", "harness": "direct"},
+                  "b": {"checkpoint": "base", "harness": "direct"}},
+                 {"name": "final-minus-base-react", "a": {"checkpoint": "final", "harness": "react-python"},
+                  "b": {"checkpoint": "base", "harness": "react-python"}}]
+    findings = [{"name": "harness-moves-more", "paper": "P4", "measure": "harness_spread_minus_recipe_spread",
+                 "claim": "increase", "headline": "The evaluation harness moves pass@1 more than the recipe."},
+                {"name": "gain-direct", "paper": "P1", "measure": "contrast", "contrast": "final-minus-base-direct",
+                 "control": "final-minus-base-react", "claim": "increase", "headline": "Training helps."}]
+    return RunConfig.model_validate({
+        "name": "found", "seed": 3, "suites": [{"name": "basic_arithmetic", "size": 40, "seed": 2}],
+        "split": {"test_fraction": 0.5}, "harnesses": ["direct"],
+        "evaluate": {"attempts": 2, "harnesses": ["direct", "react-python"], "bootstrap_resamples": 300,
+                     "contrasts": contrasts, "findings": findings}, "analyze": {"ceiling_k": 2}})
+
+
+@pytest.fixture(scope="module")
+def found(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("found")
+    cfg = _cfg()
+    store, refs, *_ = _store(tmp, cfg)
+    # direct solves 0.7 of attempts, react-python 0.1, whatever the checkpoint: the harness moves
+    # pass@1 by about 0.6, the checkpoint by chance alone
+    out = run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner(p_resolve={"direct": 0.7, "react-python": 0.1},
+                                                                       seed=5))
+    return store, out
+
+
+def test_findings_are_written_sealed_with_the_plan_and_decided_by_the_rule(found):
+    store, out = found
+    rows = {r["name"]: r for r in store.rows(out["eval_findings"])}
+    plan = store.read_json("evaluate/plan.json")
+    assert [f["name"] for f in plan["findings"]] == ["harness-moves-more", "gain-direct"]
+    from tasks.evaluate.prereg import differences, preregistration
+
+    pre = preregistration(_cfg())
+    assert pre["findings"] == plan["findings"] and differences(pre, plan) == []
+    assert differences({**pre, "findings": pre["findings"][:1]}, plan)  # a finding added after freeze shows
+    spread = rows["harness-moves-more"]
+    assert spread["n"] == 20 and 0.4 < spread["estimate"] < 0.8
+    assert spread["ci_low"] > 0 and spread["verdict"] == "reproduced"
+    assert spread["level"] == pytest.approx(1 - 0.05 / 2)  # Bonferroni over the two findings
+    gain = rows["gain-direct"]
+    c = {r["name"]: r for r in store.rows(out["eval_contrasts"])}
+    assert (gain["estimate"], gain["ci_low"], gain["ci_high"]) == (
+        c["final-minus-base-direct"]["estimate"], c["final-minus-base-direct"]["ci_low"],
+        c["final-minus-base-direct"]["ci_high"])
+    assert gain["control_estimate"] == c["final-minus-base-react"]["estimate"]
+    # no real difference between checkpoints: the gain's interval holds 0
+    assert gain["ci_low"] <= 0 <= gain["ci_high"] and gain["verdict"] == "inconclusive"
+
+
+def test_verify_recomputes_the_findings_and_names_an_edited_verdict(found, tmp_path):
+    store, _ = found
+    rd = tmp_path / "copy"
+    shutil.copytree(store.root, rd)
+    cli = CliRunner()
+    assert cli.invoke(app, ["verify", str(rd)]).exit_code == 0
+    _rewrite(rd / "evaluate/eval_findings.parquet", lambda r: r[1].update(verdict="reproduced"))
+    bad = cli.invoke(app, ["verify", str(rd)])
+    assert bad.exit_code == 1 and "eval_findings.parquet row 1: verdict='reproduced'" in bad.output.replace("\n", " ")
+
+
+def test_a_finding_naming_an_unknown_contrast_is_refused_at_load():
+    data = _cfg().model_dump(mode="json")
+    data["evaluate"]["findings"][1]["contrast"] = "nope"
+    with pytest.raises(ValueError, match=r"findings\['gain-direct'\]\.contrast='nope' is not one of"):
+        RunConfig.model_validate(data)
+
+
+def test_published_rows_copy_the_verified_findings_and_verify_catches_an_edited_row(found, tmp_path):
+    import json
+
+    from flows.findings import check_published, finding_rows
+    from tasks.evaluate.seal import SealError
+
+    store, _ = found
+    rows = finding_rows(store, config="configs/x.yaml", config_hash="ab" * 32, commit="c0ffee")
+    assert [r["name"] for r in rows] == ["harness-moves-more", "gain-direct"]
+    need = {"paper", "headline", "measure", "estimate", "ci_low", "ci_high", "n", "verdict", "control", "config",
+            "config_hash", "commit", "key_fingerprint", "wall_s"}
+    assert need <= set(rows[0]) and rows[0]["key_fingerprint"] and rows[1]["control"] is not None
+    f = tmp_path / "findings.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({**rows[0], "config_hash": "ff"}) + "\n")
+    assert check_published(store, f, "abab") == 2  # the other run's row is not this run's business
+    rows[1]["ci_low"] = rows[1]["ci_low"] + 0.01
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SealError, match=r"findings.jsonl:2: ci_low="):
+        check_published(store, f, "abab")
