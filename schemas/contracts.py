@@ -390,6 +390,36 @@ EVAL_CONTRASTS = _register(
     )
 )
 
+EVAL_FINDINGS = _register(
+    Contract(
+        "eval_findings",
+        1,
+        _s(
+            ("name", pa.string()),
+            ("paper", pa.string()),
+            ("headline", pa.string()),
+            ("measure", pa.string()),
+            ("claim", pa.string()),
+            ("margin", pa.float64()),
+            ("contrast", pa.string()),
+            ("control", pa.string()),
+            ("estimate", pa.float64()),
+            ("ci_low", pa.float64()),
+            ("ci_high", pa.float64()),
+            ("n", pa.int64()),
+            ("control_estimate", pa.float64()),
+            ("level", pa.float64()),
+            ("seed", pa.int64()),
+            ("verdict", pa.string()),
+            ("reason", pa.string()),
+        ),
+        [("unique", "name"), ("in_set", "verdict", ["reproduced", "not reproduced", "inconclusive"])],
+        "The papers' headlines this run tests (evaluate.findings, sealed in the plan): the measure's estimate "
+        "and interval at `level`, n tasks, the random-reward control's estimate where one is named, and the "
+        "verdict by the pre-registered rule (tasks.evaluate.findings.verdict, docs/findings-rules.md).",
+    )
+)
+
 MISMATCH = _register(
     Contract(
         "mismatch",
