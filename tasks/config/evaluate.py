@@ -29,8 +29,11 @@ class FindingConfig(_Strict):
     """A paper's headline, pre-registered with the rule that decides it (docs/findings-rules.md).
 
     ``measure``: ``contrast`` (the pre-registered contrast named ``contrast``: a - b of per-task
-    success rates) or ``harness_spread_minus_recipe_spread`` (how much more the evaluation harness
-    moves pass@1 than the checkpoint does, over ``checkpoints``: None = every evaluated one).
+    success rates), ``harness_spread_minus_recipe_spread`` (how much more the evaluation harness
+    moves pass@1 than the checkpoint does, over ``checkpoints``: None = every evaluated one) or
+    ``p1_predictor_gap`` (P1: over the trained ``cells``, each a checkpoint under the harness it
+    trained in, R^2 of C - M as a predictor of ``target`` minus the better of R^2(C) and R^2(M),
+    with C, M measured on ``base`` under the same harness).
     ``claim``: ``increase`` (the measure is above 0) or ``no_increase`` (it is at most ``margin``).
     ``margin``: the smallest difference of interest (success-rate points, in [0, 1]).
     ``control``: for a learning claim, the contrast that measures the same difference for the
@@ -41,11 +44,13 @@ class FindingConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")
     paper: str = Field(min_length=1)
     headline: str = Field(min_length=1)
-    measure: Literal["contrast", "harness_spread_minus_recipe_spread"]
+    measure: Literal["contrast", "harness_spread_minus_recipe_spread", "p1_predictor_gap"]
     claim: Literal["increase", "no_increase"]
     contrast: str | None = None
     control: str | None = None
     checkpoints: list[str] | None = None
+    cells: list[ContrastArm] | None = None
+    target: Literal["gain", "return"] = "gain"
     margin: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
@@ -55,6 +60,12 @@ class FindingConfig(_Strict):
                              "names one pre-registered contrast, and only it does")
         if self.checkpoints is not None and self.measure != "harness_spread_minus_recipe_spread":
             raise ValueError(f"evaluate.findings[{self.name!r}].checkpoints applies to the spread measure only")
+        if (self.measure == "p1_predictor_gap") != (self.cells is not None):
+            raise ValueError(f"evaluate.findings[{self.name!r}].cells: the p1_predictor_gap measure names its "
+                             "(trained checkpoint, harness) cells, and only it does")
+        if self.cells is not None and len(self.cells) < 3:
+            raise ValueError(f"evaluate.findings[{self.name!r}].cells: {len(self.cells)} cell(s); an R^2 needs at "
+                             "least 3 (P1 asks for 5)")
         return self
 
 

@@ -120,6 +120,9 @@ class RunConfig(_Strict):
             if tc.distributed is not None and tc.distributed.backend == "nccl" and self.policy.device != "cuda":
                 raise ValueError(f"{where}.distributed.backend='nccl' needs CUDA (policy.device: cuda); use backend "
                                  "'gloo' on the CPU")
+            if tc.harnesses is not None and (not tc.harnesses or set(tc.harnesses) - set(self.harnesses)):
+                raise ValueError(f"{where}.harnesses={tc.harnesses!r}: must be a non-empty subset of the training "
+                                 f"harnesses {self.harnesses}")
             if tc.mode == "online" and self.policy.engine == "openai":
                 raise ValueError(f"policy.engine='openai' with {where}.mode='online': online sampling needs an engine "
                                  "the trainer can load its weights into; use policy.engine 'vllm' or 'hf'")

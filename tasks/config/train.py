@@ -129,6 +129,9 @@ class TrainConfig(_Strict):
     # that carry no information, shuffled across each batch or drawn at its success rate
     # (tasks.train.advantages.control_rewards); the logged rewards stay the real ones.
     reward_control: Literal["none", "shuffle", "bernoulli"] = "none"
+    # Train under these training harnesses only (None: every one in `harnesses`): an arm per harness
+    # is one of P1's (harness, task) cells, its gain measured under the harness it trained in.
+    harnesses: list[str] | None = None
     clip_low: float = Field(default=0.2, gt=0)
     clip_high: float = Field(default=0.2, gt=0)
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.evaluate.stats import GRADED, _per_task, final_attempts
+from tasks.evaluate.stats import GRADED, _per_task, final_attempts, pass_at_k
 from tasks.hashing import seed_from
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
@@ -85,12 +85,68 @@ def spread_gap(rates: np.ndarray) -> float:
     return float((p.max(axis=1) - p.min(axis=1)).mean() - (p.max(axis=0) - p.min(axis=0)).mean())
 
 
+def _r2(x: np.ndarray, y: np.ndarray) -> float:
+    """R^2 of the least-squares line of y on x (= Pearson r^2); NaN when x or y is constant."""
+    if np.ptp(x) < 1e-12 or np.ptp(y) < 1e-12:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1] ** 2)
+
+
+def predictor_gap(c: np.ndarray, m: np.ndarray, y: np.ndarray) -> float:
+    """P1's claim as one number: R^2(C - M -> y) minus the better of R^2(C -> y) and R^2(M -> y).
+
+    ``c``, ``m``, ``y``: float ``[n_cells]``, the ceiling, the mismatch and the target (gain or
+    trained return) per cell. Positive: C - M predicts better than either component alone
+    (METHODS.md P1, in the project's docs/methods). NaN when any R^2 is undefined (a constant
+    predictor or target)."""
+    r = [_r2(c - m, y), _r2(c, y), _r2(m, y)]
+    return float("nan") if any(np.isnan(r)) else r[0] - max(r[1], r[2])
+
+
+def p1_cells(rows: list[dict[str, Any]], cells: list[dict[str, str]], k: int, reference: str = "base"
+             ) -> dict[str, np.ndarray]:
+    """Per cell ``{checkpoint, harness}``: ``C`` (mean over the reference's tasks with >= k graded
+    attempts of the unbiased pass@k under that harness), ``M`` = C - pass@1 of the reference,
+    ``gain`` = pass@1(checkpoint) - pass@1(reference) and ``return`` = pass@1(checkpoint), each
+    pass@1 the mean over tasks of resolved / graded final attempts. Float arrays ``[len(cells)]``;
+    NaN where a cell has no graded task."""
+    per = _per_task(final_attempts(rows))
+
+    def graded(ck: str, h: str) -> list[tuple[int, int]]:
+        out = []
+        for rs in per.get((ck, h), {}).values():
+            g = [r for r in rs if r["status"] in GRADED]
+            if g:
+                out.append((len(g), sum(r["resolved"] for r in g)))
+        return out
+
+    cols: dict[str, list[float]] = {"C": [], "M": [], "gain": [], "return": []}
+    for cell in cells:
+        base, trained = graded(reference, cell["harness"]), graded(cell["checkpoint"], cell["harness"])
+        ks = [pass_at_k(n, c, k) for n, c in base if n >= k]
+        if not base or not trained or not ks:
+            for v in cols.values():
+                v.append(float("nan"))
+            continue
+        p_base = float(np.mean([c / n for n, c in base]))
+        p_trained = float(np.mean([c / n for n, c in trained]))
+        cc = float(np.mean(ks))
+        cols["C"].append(cc)
+        cols["M"].append(cc - p_base)
+        cols["gain"].append(p_trained - p_base)
+        cols["return"].append(p_trained)
+    return {k_: np.array(v, dtype=float) for k_, v in cols.items()}
+
+
 def finding_table(rows: list[dict[str, Any]], plan: dict[str, Any], contrasts: list[dict[str, Any]]
                   ) -> list[dict[str, Any]]:
     """Rows of the ``eval_findings`` artifact, one per ``plan["findings"]`` entry, in plan order.
 
     ``contrast`` findings take the estimate and Bonferroni interval of their contrast's row
-    (``n`` = its tasks). The spread finding resamples the tasks graded in every (checkpoint,
+    (``n`` = its tasks). ``p1_predictor_gap`` (:func:`predictor_gap` over :func:`p1_cells`, ``n`` =
+    cells with graded tasks) resamples the cells, with the same seed rule and level; resamples
+    where an R^2 is undefined are left out, and with fewer than half of them defined there is no
+    interval. The spread finding resamples the tasks graded in every (checkpoint,
     harness) cell it covers, ``plan["bootstrap_resamples"]`` times with seed
     ``seed_from(plan["seed"], "finding", name)``, for a percentile interval at level
     ``1 - alpha / m`` (m: the number of findings, Bonferroni over the family). ``control_estimate``
@@ -114,6 +170,27 @@ def finding_table(rows: list[dict[str, Any]], plan: dict[str, Any], contrasts: l
             c = by_name[f["contrast"]]
             row.update(estimate=c["estimate"], ci_low=c["ci_low"], ci_high=c["ci_high"], n=c["n_tasks"],
                        level=1.0 - c["alpha"] / c["m_contrasts"], seed=c["seed"])
+        elif f["measure"] == "p1_predictor_gap":
+            seed = seed_from(plan["seed"], "finding", f["name"])
+            pts = p1_cells(rows, f["cells"], int(plan["attempts"]))
+            ok = ~np.isnan(pts["C"])
+            c_, m_, y_ = pts["C"][ok], pts["M"][ok], pts[f.get("target", "gain")][ok]
+            row.update(level=level, seed=seed, n=int(ok.sum()))
+            est = predictor_gap(c_, m_, y_) if len(c_) >= 3 else float("nan")
+            if not np.isnan(est):
+                rng = np.random.default_rng(seed)
+                boot = []
+                for _ in range(int(plan["bootstrap_resamples"])):
+                    i = rng.integers(0, len(c_), len(c_))
+                    g = predictor_gap(c_[i], m_[i], y_[i])
+                    if not np.isnan(g):
+                        boot.append(g)
+                # most resamples of few cells repeat a cell until a predictor is constant: then no interval
+                if len(boot) >= int(plan["bootstrap_resamples"]) // 2:
+                    a = (1.0 - level) / 2
+                    row.update(estimate=est, ci_low=float(np.quantile(boot, a)), ci_high=float(np.quantile(boot, 1 - a)))
+                else:
+                    row.update(estimate=est)
         else:
             cks = f.get("checkpoints") or [c["name"] for c in plan["checkpoints"]]
             hs = list(plan["harnesses"])

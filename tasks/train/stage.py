@@ -103,7 +103,8 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
             snapshots: list[dict[str, Any]] = []
             snap = _Snapshotter(store, arm_train, arm, sub, base_id, Path(tmp), snapshots)
             if arm_train.mode == "frozen":
-                seqs, dropped = build_sequences(plain_eps, turns, sampling, drop_stop_reasons=arm_train.drop_stop_reasons,
+                arm_eps = [e for e in plain_eps if arm_train.harnesses is None or e["harness_name"] in arm_train.harnesses]
+                seqs, dropped = build_sequences(arm_eps, turns, sampling, drop_stop_reasons=arm_train.drop_stop_reasons,
                                                 truncated_reward=arm_train.truncated_reward)
                 result = train_distributed(acfg, model_dir, seqs + plugin_seqs, Path(tmp) / "adapter", log=log.info,
                                            dropped=dropped, state_path=state, resume_key=resume_key, after_step=snap)
@@ -198,7 +199,7 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
     """The sampler of :func:`tasks.train.loops.train_online` and a function that releases it.
 
     Iteration i samples the train records of :func:`tasks.train.batches.tasks_for_iteration`'s
-    tasks, ``rollout.samples_per_task`` episodes each, with the current policy, the version
+    tasks (under ``train.harnesses`` only, when set), ``rollout.samples_per_task`` episodes each, with the current policy, the version
     recorded in every episode:
 
     - ``policy.engine: vllm``: one engine started on the base model for the whole run, the
@@ -221,7 +222,8 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
     tc = cfg.train
     tasks = {t["task_id"]: t for t in store.rows(inputs["tasks"])}
     test = {t["task_hash"] for t in tasks.values() if t["split"] == "test"}
-    records = [r for r in store.rows(inputs["records"]) if r["split"] == "train" and r["task_hash"] not in test]
+    records = [r for r in store.rows(inputs["records"]) if r["split"] == "train" and r["task_hash"] not in test
+               and (tc.harnesses is None or r["harness_name"] in tc.harnesses)]
 
     def pid(version: int) -> str:
         return f"{base_id}+{arm}+online-v{version}" if arm is not None else f"{base_id}+online-v{version}"

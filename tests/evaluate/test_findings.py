@@ -130,3 +130,50 @@ def test_published_rows_copy_the_verified_findings_and_verify_catches_an_edited_
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(SealError, match=r"findings.jsonl:2: ci_low="):
         check_published(store, f, "abab")
+
+
+def test_predictor_gap_by_hand():
+    from tasks.evaluate.findings import predictor_gap
+
+    c = np.array([0.2, 0.4, 0.6, 0.8, 1.0])
+    m = np.array([0.1, 0.3, 0.2, 0.5, 0.4])
+    y = (c - m) * 2 + 0.1  # the target is C - M exactly: R^2 = 1 for it
+    r2 = lambda x: float(np.corrcoef(x, y)[0, 1] ** 2)  # noqa: E731
+    assert predictor_gap(c, m, y) == pytest.approx(1.0 - max(r2(c), r2(m)))
+    assert predictor_gap(c, m, c * 3) == pytest.approx(float(np.corrcoef(c - m, c)[0, 1] ** 2) - 1.0)  # C is best
+    assert np.isnan(predictor_gap(np.ones(5), m, y))  # a constant predictor: undefined, not a number
+
+
+def test_p1_cells_by_hand():
+    from tasks.evaluate.findings import p1_cells
+    from tests.evaluate.test_stats import _contrast_rows
+
+    # 4 tasks x 2 attempts; base under h1 resolves [1, 0, 2, 0] -> pass@1 0.375, pass@2 = (1 + 0 + 1 + 0) / 4
+    rows = _contrast_rows({("base", "h1"): [1, 0, 2, 0], ("a1", "h1"): [2, 1, 2, 1]})
+    pts = p1_cells(rows, [{"checkpoint": "a1", "harness": "h1"}], 2)
+    assert pts["C"][0] == pytest.approx(0.5) and pts["M"][0] == pytest.approx(0.5 - 0.375)
+    assert pts["gain"][0] == pytest.approx(0.75 - 0.375) and pts["return"][0] == pytest.approx(0.75)
+
+
+def test_a_p1_finding_over_five_cells_is_computed_and_recomputed():
+    from tasks.evaluate.findings import finding_table
+    from tests.evaluate.test_stats import _contrast_rows
+
+    rates = {}
+    base = [[0, 1, 0, 0, 2, 0], [1, 1, 2, 0, 0, 1], [2, 2, 1, 0, 1, 2], [0, 0, 0, 1, 0, 0], [1, 2, 2, 2, 1, 1]]
+    for i, b in enumerate(base):
+        rates[("base", f"h{i}")] = b
+        rates[(f"arm{i}", f"h{i}")] = [min(2, x + (i % 3)) for x in b]
+    rows = _contrast_rows(rates)
+    plan = {"seed": 7, "alpha": 0.05, "attempts": 2, "bootstrap_resamples": 400, "checkpoints": [], "harnesses": [],
+            "findings": [{"name": "p1", "paper": "P1", "headline": "C - M predicts the gain best",
+                          "measure": "p1_predictor_gap", "claim": "increase", "margin": 0.0, "target": "gain",
+                          "cells": [{"checkpoint": f"arm{i}", "harness": f"h{i}"} for i in range(5)]}]}
+    from tasks.evaluate.findings import p1_cells, predictor_gap
+
+    (row,) = finding_table(rows, plan, [])
+    pts = p1_cells(rows, plan["findings"][0]["cells"], 2)
+    assert row["n"] == 5 and row["estimate"] == pytest.approx(predictor_gap(pts["C"], pts["M"], pts["gain"]))
+    assert row["level"] == pytest.approx(0.95)
+    assert row["ci_low"] is None or row["ci_low"] <= row["estimate"] <= row["ci_high"]
+    assert finding_table(rows, plan, []) == [row]  # seeded: the same numbers again (what verify relies on)

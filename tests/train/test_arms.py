@@ -63,6 +63,9 @@ def test_arm_overrides_deep_merge_onto_train():
     ([{"name": "x/y"}], r"arms.0.name"),
     ([], r"arms"),
     ([{"name": "a", "nope": 1}], r"arms.0.nope"),
+    ([{"name": "a", "train": {"harnesses": ["answer-tag"]}}],
+     r"arms\['a'\].train.harnesses=\['answer-tag'\]: must be a non-empty subset of the training harnesses"),
+    ([{"name": "a", "train": {"harnesses": []}}], r"arms\['a'\].train.harnesses=\[\]"),
 ])
 def test_bad_arms_are_refused_at_load(arms, message):
     with pytest.raises(ValueError, match=message):
@@ -259,3 +262,47 @@ def test_online_arms_put_the_arm_in_the_policy_id(monkeypatch):
         got = sample(FakeTrainer(), 1)
         assert (got.seqs, got.dropped, got.rows) == ([], {}, {"episodes": [], "turns": []})
     assert pids == ["tiny+cross+online-v3", "tiny+online-v3"] and tags == ["online:1", "online:1"]
+
+
+def test_an_arm_restricted_to_one_harness_trains_on_that_harness_alone(tiny_model_dir, tmp_path):
+    # P1's cells: under direct every group has one success and one failure (a signal everywhere),
+    # under react-python every reward is 0 (no signal); the two harnesses pooled: half and half
+    d = _arm_cfg(tiny_model_dir).model_dump(mode="json")
+    d["arms"] = [{"name": "on-direct", "train": {"harnesses": ["direct"]}},
+                 {"name": "on-react", "train": {"harnesses": ["react-python"]}}]
+    cfg = RunConfig.model_validate(d)
+    store, refs = _store(tmp_path, cfg)
+    out = run_train(store, cfg, refs)
+    zero = {}
+    for s in store.rows(out["train_steps"]):
+        zero.setdefault(s["arm"], set()).add(s["zero_adv_frac"])
+    assert zero == {"on-direct": {0.0}, "on-react": {1.0}}
+
+
+def test_online_sampling_of_an_arm_restricted_to_one_harness(monkeypatch):
+    import tasks.rollout.policy as policy_mod
+    import tasks.rollout.stage as rollout_stage
+    from tasks.train.stage import _online_sampler
+
+    seen = []
+    monkeypatch.setattr(policy_mod.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: None))
+    monkeypatch.setattr(rollout_stage, "run_records",
+                        lambda pol, c, specs, tasks, recs, n, seed, tag: (seen.append(recs), ([], []))[1])
+    recs = [{"task_id": "t1", "task_hash": "h1", "split": "train", "harness_name": h} for h in ("direct", "react-python")]
+
+    class Store:
+        def rows(self, ref):
+            return recs if ref == "r" else [{"task_id": "t1", "task_hash": "h1", "split": "train"}]
+
+    class FakeTrainer:
+        tokenizer = None
+        version = 0
+
+        def inference_model(self, dtype):
+            return None
+
+    for only, want in ((["react-python"], ["react-python"]), (None, ["direct", "react-python"])):
+        cfg = _cfg(train={"mode": "online", "steps": 1, "harnesses": only})
+        sample, _release = _online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", None)
+        sample(FakeTrainer(), 0)
+        assert [r["harness_name"] for r in seen[-1]] == want
