@@ -282,7 +282,8 @@ def findings(
                                           "benchmarks/results/findings.jsonl)"),
 ) -> None:
     """Verify a finished run and print its findings as JSON rows (paper, headline, estimate, interval,
-    verdict, control, config hash, commit, signing key, wall time); --append adds them to a file.
+    verdict, control, config hash, commit, signing key, wall time); --append adds them to a file and
+    copies the run's figures to docs/img/findings/ for the findings page.
     Exit 1: the run does not verify; 2: no such run, or its plan names no findings."""
     import json
     import subprocess
@@ -315,6 +316,10 @@ def findings(
         with append.open("a") as fh:
             fh.write("".join(line + "\n" for line in lines))
         typer.echo(f"appended {len(lines)} row(s) to {append}")
+        from flows.findings import copy_figures
+
+        for p in copy_figures(rd, Path("docs/img/findings"), f"{cfg.name}-{cfg.config_hash()[:10]}"):
+            typer.echo(f"figure for the findings page: {p}")
 
 
 @app.command()

@@ -9,6 +9,7 @@ number of every row that names the run.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from flows.status import STATE_DIR
 from schemas import ArtifactStore
 from tasks.evaluate.seal import SealError
 
+# the report figures a findings page shows for each published run (analyze/plots/<name>.png)
+FIGURES = ("pass_rate_heatmap", "learning_curves", "ceiling_vs_return")
 # the numbers of a row that come from the run's eval_findings table, compared by verify
 ROW_NUMBERS = ("estimate", "ci_low", "ci_high", "n", "verdict", "control")
 
@@ -94,3 +97,17 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str)
                 raise SealError(f"{findings_file}:{i}: {k}={row.get(k)!r}, recomputed {want[k]!r}")
         n += 1
     return n
+
+
+def copy_figures(run_dir: Path, out_dir: Path, prefix: str) -> list[Path]:
+    """Copy the run's report figures (:data:`FIGURES`, those it has) to
+    ``out_dir/<prefix>--<figure>.png`` for the generated findings page; returns the copies."""
+    out = []
+    for name in FIGURES:
+        src = Path(run_dir) / "analyze" / "plots" / f"{name}.png"
+        if src.is_file():
+            out_dir.mkdir(parents=True, exist_ok=True)
+            dst = out_dir / f"{prefix}--{name}.png"
+            shutil.copyfile(src, dst)
+            out.append(dst)
+    return out

@@ -242,7 +242,7 @@ def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks"
     return "\n".join(lines)
 
 
-def findings_page(results: Path = RESULTS) -> str:
+def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img" / "findings") -> str:
     """The findings table: one row per tested headline, newest first, from ``findings.jsonl``."""
     f = results / "findings.jsonl"
     rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
@@ -274,6 +274,11 @@ def findings_page(results: Path = RESULTS) -> str:
             iv, r["n"], "" if r.get("control") is None else f"{r['control']:+.3f}", f"**{r['verdict']}**",
             f"`{r['config']}`", f"`{str(r['commit'])[:12]}`", "" if r.get("wall_s") is None else f"{r['wall_s']:.0f}",
         ]) + " |")
+    runs = sorted({p.name.split("--")[0] for p in figures.glob("*--*.png")}) if figures.is_dir() else []
+    for run in runs:
+        lines += [f"## `{run}`", ""]
+        for p in sorted(figures.glob(f"{run}--*.png")):
+            lines += [f"![{p.stem.split('--')[1]} of {run}](img/findings/{p.name})", ""]
     return "\n".join(lines + [""])
 
 

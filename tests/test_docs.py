@@ -122,3 +122,19 @@ def test_readme_layout_matches_the_tree():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
     top = {f.split("/")[0] for f in tracked} - {"README.md", ".gitignore"}
     assert top <= named_top, sorted(top - named_top)
+
+
+def test_the_findings_page_shows_each_published_row_and_the_run_figures(tmp_path):
+    findings_page = gen_docs.findings_page
+    assert "No findings recorded yet" in findings_page(tmp_path, tmp_path / "none")
+    row = {"paper": "P4", "name": "x", "headline": "A | B", "measure": "contrast", "estimate": 0.1234, "ci_low": -0.02,
+           "ci_high": 0.25, "n": 120, "verdict": "inconclusive", "control": 0.01, "config": "configs/p4-findings.yaml",
+           "config_hash": "ab" * 32, "commit": "0123456789abcdef", "key_fingerprint": "f", "wall_s": 5400.4}
+    (tmp_path / "findings.jsonl").write_text(json.dumps(row) + "\n")
+    figs = tmp_path / "figs"
+    figs.mkdir()
+    (figs / "p4-findings-abababab--pass_rate_heatmap.png").write_bytes(b"png")
+    page = findings_page(tmp_path, figs)
+    assert "| P4 | A \\| B | contrast | +0.123 | [-0.020, +0.250] | 120 | +0.010 | **inconclusive** |" in page
+    assert "`0123456789ab` | 5400 |" in page
+    assert "![pass_rate_heatmap of p4-findings-abababab](img/findings/p4-findings-abababab--pass_rate_heatmap.png)" in page
