@@ -162,13 +162,19 @@ def test_online_iteration(tmp_path):
 
 def test_task_difficulty(tmp_path):
     row = run_smoke("task_difficulty", tmp_path)
-    assert row["engine"] == "hf" and len(row["families"]) == 2
-    for f in row["families"]:
-        assert f["problems"] == 4 and f["dataset"] == "basic_arithmetic"
-        # pass_at_1 is the mean reward (partial credit counts), pass_at_k the share of tasks with a reward-1 sample
-        for k in ("pass_at_1", "pass_at_k", "signal_groups", "cut_frac"):
-            assert 0.0 <= f[k] <= 1.0, (k, f)
-        assert 0 < f["mean_tokens"] <= 64  # the direct harness's max_new_tokens
+    assert row["engine"] == "hf" and row["reward"] == "exact"
+    # 2 families x 2 harnesses, one row per (family, harness) cell
+    assert [(c["family"], c["harness"]) for c in row["cells"]] == [
+        ("arith-1d-2t", "direct"), ("arith-1d-2t", "calculator"), ("arith-1d-3t", "direct"), ("arith-1d-3t", "calculator")]
+    for c in row["cells"]:
+        assert c["problems"] == 4 and c["episodes"] == 8 and c["dataset"] == "basic_arithmetic"
+        for k in ("pass_at_1", "parse_rate", "pass_at_k", "signal_groups", "cut_frac"):
+            assert 0.0 <= c[k] <= 1.0, (k, c)
+        # accuracy given parsed is undefined (None, not 0) where nothing parsed
+        assert (c["acc_given_parsed"] is None) == (c["parse_rate"] == 0.0)
+        assert c["pass_at_1"] <= c["pass_at_k"]
+    assert {c["mean_turns"] for c in row["cells"] if c["harness"] == "direct"} == {1.0}
+    assert all(0 < c["mean_tokens"] <= 64 for c in row["cells"])  # both harnesses' max_new_tokens
 
 
 def test_learning(tmp_path):
