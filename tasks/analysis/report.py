@@ -63,11 +63,13 @@ def _col_px(cells: list[str]) -> float:
     return 8.5 * max(len(c) for c in cells) + 26.0
 
 
-def _table(header: list[str], rows: list[list[str]], align: str | None = None, keep: int = 1) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], align: str | None = None, *, keep: int) -> list[str]:
     """A Markdown table (lines) readable at 1400 px: cells longer than :data:`LONG_CELL` become
     ``[n]`` with the text in a note below; when the estimated width exceeds
-    :data:`TABLE_BUDGET_PX` the columns after the first ``keep`` (the row labels) are split into
-    consecutive tables that each repeat the labels. ``align``: one ``l``/``r`` per column."""
+    :data:`TABLE_BUDGET_PX` the columns after the first ``keep`` (the row's key: every column
+    that tells one row from another, e.g. arm and step) are split into consecutive tables that
+    each repeat the key. ``align``: one ``l``/``r`` per column. ``keep`` has no default: a
+    table that names too few key columns loses its keys in the second group."""
     align = align or "l" + "r" * (len(header) - 1)
     notes: dict[str, int] = {}
 
@@ -148,7 +150,7 @@ def render_report(inp: ReportInputs) -> str:
         es = [e for e in eps if e["harness_name"] == h]
         rows.append([h, str(len(es)), _f(sum(e["reward"] for e in es) / len(es)),
                      _f(sum(e["success"] for e in es) / len(es)), _f(sum(e["num_turns"] for e in es) / len(es), ".2f")])
-    out += _table(["harness", "episodes", "mean reward", "success rate", "mean turns"], rows) + [""]
+    out += _table(["harness", "episodes", "mean reward", "success rate", "mean turns"], rows, keep=1) + [""]
 
     out += ["## Training", ""]
     tps = {(t.get("arm") or "final", t["step"]): t.get("tokens_per_s") for t in inp.timing}
@@ -159,7 +161,7 @@ def render_report(inp: ReportInputs) -> str:
                      _f(s["entropy"]), _f(s["clip_frac"]), _f(s["zero_adv_frac"]), _f(s["grad_norm"]),
                      _f(tps.get((arm, s["step"])), ".0f")])
     out += _table(["arm", "step", "reward", "loss", "KL", "entropy", "clip frac", "zero-adv frac", "grad norm",
-                   "tokens/s"], rows, "lr" + "r" * 8) + [""]
+                   "tokens/s"], rows, "lr" + "r" * 8, keep=2) + [""]
     bad = [s for s in inp.train_steps if nonfinite_step(s)]
     if bad:
         out += [f"**Unstable:** non-finite loss, KL or gradient norm at {len(bad)} step(s): "
@@ -180,7 +182,7 @@ def render_report(inp: ReportInputs) -> str:
                 "term) and below the divergence threshold):",
                 ""]
         out += _table(["arm", "objective", "KL", "sampling", "steps", "first reward", "last reward", "last KL",
-                       "max KL", "stable"], rows, "llllrrrrrl") + [""]
+                       "max KL", "stable"], rows, "llllrrrrrl", keep=1) + [""]
 
     out += ["## Sealed evaluation", "", f"plan `{inp.plan_hash[:16]}`, chain head `{inp.seal_head[:16]}` "
             "(`harnessrl verify` recomputes both). pass@1 per checkpoint (rows) and evaluation harness (columns); "
@@ -194,7 +196,7 @@ def render_report(inp: ReportInputs) -> str:
         for ck in dict.fromkeys(c["checkpoint"] for c in cells):
             rows.append([ck] + [("n/c" if not val[(ck, h)]["counted"] else _f(val[(ck, h)]["pass_at_1"]))
                                 if (ck, h) in val else "" for h in hs])
-        out += _table(["checkpoint"] + [f"{h} (held out)" if h in held else h for h in hs], rows) + [""]
+        out += _table(["checkpoint"] + [f"{h} (held out)" if h in held else h for h in hs], rows, keep=1) + [""]
     out += _figure(inp, "pass_rate_heatmap", "train x eval harness pass rates")
     if inp.learning_curve:
         out += ["Learning curve: sealed pass@1 of each arm's checkpoints against the training step (base = step "
@@ -218,7 +220,7 @@ def render_report(inp: ReportInputs) -> str:
                  _f(c["p_bonferroni"]), _f(c["mdd"])] for c in inp.eval_contrasts]
         out += ["Pre-registered contrasts (task-clustered paired bootstrap, Bonferroni over the family):", ""]
         out += _table(["contrast", "a - b", "status", "tasks", "estimate", "CI", "p (Bonf.)", "MDD"], rows,
-                      "lllrrrrr") + [""]
+                      "lllrrrrr", keep=1) + [""]
 
     if inp.kl_check:
         by_conf = {r["configuration"]: r for r in inp.kl_check}
@@ -239,7 +241,7 @@ def render_report(inp: ReportInputs) -> str:
                 "(`harnessrl kl-check`; sequence-level reverse-KL gradient), beside the arm's stability and sealed pass@1 "
                 "per suite: do the unbiased configurations also train better here?", ""]
         out += _table(["arm", "KL configuration", "unbiased", "relative bias", "agrees with paper", "stable",
-                       "pass@1 per suite [95% interval]"], rows, "lllrlll") + [""]
+                       "pass@1 per suite [95% interval]"], rows, "lllrlll", keep=1) + [""]
 
     out += ["## P1: harness ceiling minus mismatch", ""]
     if inp.mismatch:
@@ -308,7 +310,7 @@ def render_report(inp: ReportInputs) -> str:
                 "logistic regression predicting the harness from a sample's advantage, minus its shuffled-label null "
                 "(percentage points, interval from the null's quantiles).", ""]
         out += _table(["rule", "zero groups", "fraction", "accuracy", "null", "leakage (pp)", "interval", "p", "note"],
-                      rows, "lrrrrrrrl") + [""]
+                      rows, "lrrrrrrrl", keep=1) + [""]
     out += _figure(inp, "leakage", "zero-advantage groups and harness-identity leakage")
     if inp.action_jsd:
         rows = [[r["scope"].replace("_", " "), f"{r['checkpoint_a']} / {r['harness_a']}",
@@ -316,7 +318,7 @@ def render_report(inp: ReportInputs) -> str:
                 for r in inp.action_jsd]
         out += ["Action-distribution Jensen-Shannon divergence (bits) over action kinds of the sealed attempts' turns.",
                 ""]
-        out += _table(["scope", "a", "b", "JSD (bits)", "turns"], rows, "lllrr") + [""]
+        out += _table(["scope", "a", "b", "JSD (bits)", "turns"], rows, "lllrr", keep=3) + [""]
     out += _figure(inp, "action_jsd", "action-distribution divergence")
     if inp.notes:
         out += ["## Notes", ""] + [f"- {n}" for n in inp.notes] + [""]
@@ -347,7 +349,7 @@ def talkmesh_section(heads: list[dict[str, Any]], evals: list[dict[str, Any]], e
                 "(ECE with equal-width bins; Brier score):", ""]
         out += _table(["harness", "proposals", "correct", "ECE", "Brier"],
                       [[h["harness_name"], str(h["n"]), str(h["positives"]), _f(h["ece"]), _f(h["brier"])]
-                       for h in sorted(heads, key=lambda h: h["harness_name"])])
+                       for h in sorted(heads, key=lambda h: h["harness_name"])], keep=1)
         out.append("")
     by_ep: dict[str, list[dict[str, Any]]] = {}
     for t in eval_turns:
@@ -366,5 +368,5 @@ def talkmesh_section(heads: list[dict[str, Any]], evals: list[dict[str, Any]], e
                          f"{sum(bool(a.get('kept')) for a in revs)}/{len(revs)}"])
     out += ["Sealed evaluation of the mesh (an attempt passes when the agents' consensus answer is correct); "
             "outputs = model-written messages per problem (proposals, hints, revisions):", ""]
-    out += _table(["harness", "checkpoint", "attempts", "accuracy", "outputs / problem", "revisions kept"], rows)
+    out += _table(["harness", "checkpoint", "attempts", "accuracy", "outputs / problem", "revisions kept"], rows, keep=2)
     return "\n".join(out) + "\n"
