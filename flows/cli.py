@@ -94,7 +94,9 @@ def run(
 
     cfg = _config_or_exit(config, set_, from_stage, quick=quick)
     remote_root = "://" in cfg.run_root
-    default = f"{cfg.name}-{cfg.config_hash()[:10]}"
+    from flows.naming import run_label, tagged
+
+    default = run_label(cfg)
     rd_s = run_dir or (f"{cfg.run_root.rstrip('/')}/{default}" if remote_root else str(Path(cfg.run_root) / default))
     if "://" in rd_s:  # a remote store (see schemas/store.py): credentials from the environment
         from schemas import ArtifactStore
@@ -109,7 +111,8 @@ def run(
     from flows.pipeline import pipeline
 
     t0 = time.perf_counter()
-    result = pipeline(cfg, str(rd), from_stage)
+    with tagged(cfg):  # every flow and task run of the run carries the config's name and paper
+        result = pipeline(cfg, str(rd), from_stage)
     total = time.perf_counter() - t0
     _print_summary(rd, result, total)
 
@@ -140,7 +143,9 @@ def train_cmd(
         n = D.follow(backend)
         typer.echo(f"harnessrl train: rank {os.environ['RANK']} joined {n} training call(s) of rank 0")
         return
-    rd = Path(run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}")
+    from flows.naming import run_label, tagged
+
+    rd = Path(run_dir or Path(cfg.run_root) / run_label(cfg))
     rd.mkdir(parents=True, exist_ok=True)
     prepare_environment(Path(cfg.run_root))
     _quiet_libraries()
@@ -149,7 +154,8 @@ def train_cmd(
     D.join(backend)
     t0 = time.perf_counter()
     try:
-        result = through_train(cfg, str(rd), from_stage)
+        with tagged(cfg):
+            result = through_train(cfg, str(rd), from_stage)
     finally:
         D.finish()
     for stage, r in result.items():
@@ -383,13 +389,16 @@ def _run_experiment(cfg: Any, run_dir: Optional[Path], name: str) -> None:
     ``<name>/report.md``, the run folder and the wall time."""
     import importlib
 
-    rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
+    from flows.naming import run_label, tagged
+
+    rd = run_dir or Path(cfg.run_root) / run_label(cfg)
     rd.mkdir(parents=True, exist_ok=True)
     prepare_environment(Path(cfg.run_root))
     _quiet_libraries()
     run_flow = getattr(importlib.import_module(f"flows.{name}"), f"{name}_flow")
     t0 = time.perf_counter()
-    run_flow(cfg, str(rd))
+    with tagged(cfg):
+        run_flow(cfg, str(rd))
     typer.echo((rd / name / "report.md").read_text())
     typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
 

@@ -46,6 +46,34 @@ def inline_figures(markdown: str, png_of: Callable[[str], bytes | None], max_byt
     return _FIGURE.sub(sub, markdown)
 
 
+class Md(str):
+    """A table cell already written in Markdown (e.g. ``**no**: <escaped reason>``): :func:`_table`
+    leaves it as it is, where it escapes every other cell with :func:`md_cell`."""
+
+
+_INLINE = re.compile(r"([\\`*_|~<&])")
+_BLOCK_START = re.compile(r"^([-+>]|#{1,6}|\d{1,9}[.)])(?=\s|$)")
+_RULE = re.compile(r"^(-\s*){3,}$")
+
+
+def md_cell(text: str) -> str:
+    """``text`` as Markdown that renders as ``text`` in a table cell or as a block of its own (the
+    Prefect UI renders every string cell of a table artifact as Markdown): a backslash before
+    ``\\ ` * _ | ~ < &`` wherever they are, and before a list, heading or quote marker that
+    starts it (``- x``, ``1. x``, ``# x``, ``> x``, ``---``); line breaks become spaces (a table
+    row is one line) and leading or trailing blanks go (an indented block is code). A number like
+    ``-0.5`` or ``[0.1, 0.3]`` stays as it is."""
+    out = " ".join(str(text).splitlines()).strip()
+    out = _INLINE.sub(r"\\\1", out)
+    if _RULE.match(out):
+        return "\\" + out
+    m = _BLOCK_START.match(out)
+    if m:
+        mark = m.group(1)
+        out = (mark[:-1] + "\\" + mark[-1] if mark[0].isdigit() else "\\" + mark) + out[m.end():]
+    return out
+
+
 def _f(x: Any, fmt: str = ".3f") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
@@ -76,7 +104,10 @@ def _table(header: list[str], rows: list[list[str]], align: str | None = None, *
     def short(c: str) -> str:
         if len(c) <= LONG_CELL:
             return c
-        return f"[{notes.setdefault(c, len(notes) + 1)}]"
+        return Md(f"[{notes.setdefault(c, len(notes) + 1)}]")
+
+    def md(c: str) -> str:
+        return c if isinstance(c, Md) else md_cell(c)
 
     body = [[short(c) for c in r] for r in rows]
     widths = [_col_px([h] + [r[i] for r in body]) for i, h in enumerate(header)]
@@ -96,11 +127,11 @@ def _table(header: list[str], rows: list[list[str]], align: str | None = None, *
         sep = ["---:" if align[i] == "r" else "---" for i in cols]
         if gi:
             out.append("")
-        out += ["| " + " | ".join(header[i] for i in cols) + " |", "| " + " | ".join(sep) + " |"]
-        out += ["| " + " | ".join(r[i] for i in cols) + " |" for r in body]
+        out += ["| " + " | ".join(md(header[i]) for i in cols) + " |", "| " + " | ".join(sep) + " |"]
+        out += ["| " + " | ".join(md(r[i]) for i in cols) + " |" for r in body]
     if notes:
         out.append("")
-        out += [f"[{n}] {text}  " for text, n in notes.items()]
+        out += [f"[{n}] {md(text)}  " for text, n in notes.items()]
     return out
 
 
@@ -177,7 +208,7 @@ def render_report(inp: ReportInputs) -> str:
                       if a else "")
             rows.append([r["arm"], a.get("algorithm", ""), kl, regime, str(r["steps"]), _f(r["first_reward"]),
                          _f(r["final_reward"]), _f(r["final_kl"], ".5f"), _f(r["max_kl"], ".5f"),
-                         "yes" if r["stable"] else f"**no**: {r['reason']}"])
+                         "yes" if r["stable"] else Md(f"**no**: {md_cell(r['reason'])}")])
         out += ["Training arms (stable: every loss and gradient norm finite, KL finite where computed (n/a: no KL "
                 "term) and below the divergence threshold):",
                 ""]
@@ -234,7 +265,7 @@ def render_report(inp: ReportInputs) -> str:
             k = by_conf.get(a["kl_config"])
             rows.append([a["arm"], a["kl_config"] or "no KL", "n/a" if k is None else ("yes" if k["unbiased"] else "no"),
                          "n/a" if k is None else _f(k["relative_bias"]),
-                         "n/a" if k is None else ("yes" if k["agrees_with_paper"] else "**no**"),
+                         "n/a" if k is None else ("yes" if k["agrees_with_paper"] else Md("**no**")),
                          "yes" if stable.get(a["arm"]) else "no", "; ".join(final.get(a["arm"], []))])
         out += ["## P5: estimator table beside the arms", "",
                 "Gradient bias of each arm's KL configuration by exact enumeration on a tiny autoregressive policy "

@@ -97,3 +97,34 @@ def test_split_action_jsd_and_talkmesh_tables_repeat_their_whole_key():
     assert len(mesh) >= 2
     for t in mesh:
         assert t[0][:2] == ["harness", "checkpoint"] and [r[:2] for r in t[1:]] == [[h, "base"], [h, ck]]
+
+
+TRICKY = ["*", "-", "- x", "+", "1. first", "2)", "## h", "> q", "---", "a|b", "a\\b", "x_y_z", "*em*", "_u_",
+          "`code`", "~~s~~", "<think>", "a &amp; b"]
+
+
+def test_md_cell_renders_as_its_text_alone_and_in_a_table_cell():
+    import html
+
+    from markdown_it import MarkdownIt
+
+    from tasks.analysis.report import md_cell
+
+    md = MarkdownIt("commonmark").enable("table").enable("strikethrough")
+    for t in TRICKY:
+        alone = md.render(md_cell(t))
+        assert alone == f"<p>{html.escape(t, quote=False)}</p>\n", (t, alone)  # a paragraph of the text itself
+    assert [md_cell(t) for t in ("-0.5", "[0.1, 0.3]", "1.5", "n/a")] == ["-0.5", "[0.1, 0.3]", "1.5", "n/a"]
+    assert md_cell("a\nb ") == "a b"
+    rendered = md.render("\n".join(_table(["name", "value"], [[t, "1"] for t in TRICKY], keep=1)))
+    cells = [c.split("</td>")[0] for c in rendered.split("<td>")[1:]]  # the value cells are <td style=...>
+    assert cells == [html.escape(t, quote=False) for t in TRICKY]
+
+
+def test_report_cells_escape_data_and_keep_their_own_markdown():
+    stability = [{"arm": "k3_*", "steps": 2, "first_reward": 0.1, "final_reward": 0.2, "final_kl": 0.01, "max_kl": 0.02,
+                  "stable": False, "reason": "KL > 1 | nan"}]
+    md = render_report(_inputs(stability=stability))
+    rows = [ln for ln in md.splitlines() if ln.startswith("| k3")]  # the table splits: one row per group
+    assert len(rows) == 2 and all(r.startswith("| k3\\_\\* |") for r in rows)
+    assert rows[-1].endswith("| **no**: KL > 1 \\| nan |")
