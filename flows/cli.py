@@ -3,11 +3,12 @@ inside the commands, so ``--help`` stays fast."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
@@ -65,6 +66,8 @@ def prepare_environment(run_root: Path) -> None:
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # 20 s is short on a busy host
+    # a temporary server stores events every second, not every 5: the run's end waits for them (flows/server.py)
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL", "1")
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "harnessrl")
     # our loggers also log from worker threads outside any flow run (the online sampler's thread):
     # those lines go to the console only, without Prefect's per-line "no flow run id" warning
@@ -111,7 +114,7 @@ def run(
     from flows.pipeline import pipeline
 
     t0 = time.perf_counter()
-    with tagged(cfg):  # every flow and task run of the run carries the config's name and paper
+    with _settled_server(), tagged(cfg):  # every flow and task run of the run carries the config's name and paper
         result = pipeline(cfg, str(rd), from_stage)
     total = time.perf_counter() - t0
     _print_summary(rd, result, total)
@@ -154,7 +157,7 @@ def train_cmd(
     D.join(backend)
     t0 = time.perf_counter()
     try:
-        with tagged(cfg):
+        with _settled_server(), tagged(cfg):
             result = through_train(cfg, str(rd), from_stage)
     finally:
         D.finish()
@@ -163,6 +166,25 @@ def train_cmd(
                    + ", ".join(f"{k}[{v.rows}]" for k, v in r["outputs"].items()) + ")")
     typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s; next: harnessrl run with the "
                "same config and --run-dir")
+
+
+@contextlib.contextmanager
+def _settled_server() -> Iterator[None]:
+    """Run the body, then (also when it raised an exception; not after Ctrl-C) wait until
+    Prefect's temporary server, if this process started one, has recorded everything the run
+    sent (:func:`flows.server.settle_temporary_server`): stopped at exit while it still writes,
+    it prints an ERROR line and a CancelledError traceback."""
+    import datetime as dt
+
+    from flows.server import settle_temporary_server
+
+    since = dt.datetime.now(dt.timezone.utc)
+    try:
+        yield
+    except Exception:
+        settle_temporary_server(since)
+        raise
+    settle_temporary_server(since)
 
 
 def _quiet_libraries() -> None:
@@ -397,7 +419,7 @@ def _run_experiment(cfg: Any, run_dir: Optional[Path], name: str) -> None:
     _quiet_libraries()
     run_flow = getattr(importlib.import_module(f"flows.{name}"), f"{name}_flow")
     t0 = time.perf_counter()
-    with tagged(cfg):
+    with _settled_server(), tagged(cfg):
         run_flow(cfg, str(rd))
     typer.echo((rd / name / "report.md").read_text())
     typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
