@@ -8,6 +8,7 @@ from typing import Any
 
 from prefect import flow, task
 
+from flows.naming import flow_run_namer
 from flows.stages import freeze_then
 from schemas import ArtifactRef, ArtifactStore
 from tasks.bipa.config import BipaRunConfig
@@ -33,7 +34,7 @@ def bipa_task(run_dir: str, cfg: BipaRunConfig, frozen: dict[str, ArtifactRef]) 
             _close(proposer)
 
 
-@flow(name="harnessrl-bipa")
+@flow(name="harnessrl-bipa", flow_run_name=flow_run_namer())
 def bipa_flow(cfg: BipaRunConfig, run_dir: str, force_freeze: bool = False) -> dict[str, Any]:
     """Freeze (cached by content like the pipeline's), then the BiPA task. Returns
     ``{"freeze": refs, "bipa": refs, "seconds": wall-clock seconds of the BiPA task}``."""

@@ -3,11 +3,12 @@ inside the commands, so ``--help`` stays fast."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
@@ -65,6 +66,8 @@ def prepare_environment(run_root: Path) -> None:
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # 20 s is short on a busy host
+    # a temporary server stores events every second, not every 5: the run's end waits for them (flows/server.py)
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL", "1")
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "harnessrl")
     # our loggers also log from worker threads outside any flow run (the online sampler's thread):
     # those lines go to the console only, without Prefect's per-line "no flow run id" warning
@@ -94,7 +97,9 @@ def run(
 
     cfg = _config_or_exit(config, set_, from_stage, quick=quick)
     remote_root = "://" in cfg.run_root
-    default = f"{cfg.name}-{cfg.config_hash()[:10]}"
+    from flows.naming import run_label, tagged
+
+    default = run_label(cfg)
     rd_s = run_dir or (f"{cfg.run_root.rstrip('/')}/{default}" if remote_root else str(Path(cfg.run_root) / default))
     if "://" in rd_s:  # a remote store (see schemas/store.py): credentials from the environment
         from schemas import ArtifactStore
@@ -109,7 +114,8 @@ def run(
     from flows.pipeline import pipeline
 
     t0 = time.perf_counter()
-    result = pipeline(cfg, str(rd), from_stage)
+    with _settled_server(), tagged(cfg):  # every flow and task run of the run carries the config's name and paper
+        result = pipeline(cfg, str(rd), from_stage)
     total = time.perf_counter() - t0
     _print_summary(rd, result, total)
 
@@ -140,7 +146,9 @@ def train_cmd(
         n = D.follow(backend)
         typer.echo(f"harnessrl train: rank {os.environ['RANK']} joined {n} training call(s) of rank 0")
         return
-    rd = Path(run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}")
+    from flows.naming import run_label, tagged
+
+    rd = Path(run_dir or Path(cfg.run_root) / run_label(cfg))
     rd.mkdir(parents=True, exist_ok=True)
     prepare_environment(Path(cfg.run_root))
     _quiet_libraries()
@@ -149,7 +157,8 @@ def train_cmd(
     D.join(backend)
     t0 = time.perf_counter()
     try:
-        result = through_train(cfg, str(rd), from_stage)
+        with _settled_server(), tagged(cfg):
+            result = through_train(cfg, str(rd), from_stage)
     finally:
         D.finish()
     for stage, r in result.items():
@@ -157,6 +166,25 @@ def train_cmd(
                    + ", ".join(f"{k}[{v.rows}]" for k, v in r["outputs"].items()) + ")")
     typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s; next: harnessrl run with the "
                "same config and --run-dir")
+
+
+@contextlib.contextmanager
+def _settled_server() -> Iterator[None]:
+    """Run the body, then (also when it raised an exception; not after Ctrl-C) wait until
+    Prefect's temporary server, if this process started one, has recorded everything the run
+    sent (:func:`flows.server.settle_temporary_server`): stopped at exit while it still writes,
+    it prints an ERROR line and a CancelledError traceback."""
+    import datetime as dt
+
+    from flows.server import settle_temporary_server
+
+    since = dt.datetime.now(dt.timezone.utc)
+    try:
+        yield
+    except Exception:
+        settle_temporary_server(since)
+        raise
+    settle_temporary_server(since)
 
 
 def _quiet_libraries() -> None:
@@ -440,13 +468,16 @@ def _run_experiment(cfg: Any, run_dir: Optional[Path], name: str) -> None:
     ``<name>/report.md``, the run folder and the wall time."""
     import importlib
 
-    rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
+    from flows.naming import run_label, tagged
+
+    rd = run_dir or Path(cfg.run_root) / run_label(cfg)
     rd.mkdir(parents=True, exist_ok=True)
     prepare_environment(Path(cfg.run_root))
     _quiet_libraries()
     run_flow = getattr(importlib.import_module(f"flows.{name}"), f"{name}_flow")
     t0 = time.perf_counter()
-    run_flow(cfg, str(rd))
+    with _settled_server(), tagged(cfg):
+        run_flow(cfg, str(rd))
     typer.echo((rd / name / "report.md").read_text())
     typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
 

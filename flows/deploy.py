@@ -29,15 +29,18 @@ def run_config(config: str = "configs/default.yaml", run_dir: str | None = None,
     Raises:
         tasks.config.ConfigError: the config is invalid (the message names file, key, value).
     """
+    from flows.naming import label_this_run, run_label, tagged
     from flows.pipeline import chain
     from tasks.config import load_config
 
     cfg = load_config(config)
-    rd = run_dir or (f"{cfg.run_root.rstrip('/')}/{cfg.name}-{cfg.config_hash()[:10]}" if "://" in cfg.run_root
-                     else str(Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"))
+    label_this_run(cfg)
+    rd = run_dir or (f"{cfg.run_root.rstrip('/')}/{run_label(cfg)}" if "://" in cfg.run_root
+                     else str(Path(cfg.run_root) / run_label(cfg)))
     if "://" not in rd:
         Path(rd).mkdir(parents=True, exist_ok=True)
-    result = chain(cfg, rd, from_stage, stage)
+    with tagged(cfg):
+        result = chain(cfg, rd, from_stage, stage)
     return {s: {"state": r["state"], "seconds": r["seconds"], "outputs": {k: v.sha256 for k, v in r["outputs"].items()}}
             for s, r in result.items()}
 

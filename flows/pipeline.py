@@ -1,4 +1,5 @@
-"""The pipeline: one Prefect flow chaining the five stage flows. The DAG and nothing else."""
+"""The pipeline: one Prefect flow chaining the five stage flows (then the report's
+``report-tables`` subflow: six subflow runs in all). The DAG and nothing else."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.naming import flow_run_namer, run_label
 from flows.stages import publish_report, analyze_flow, evaluate_flow, freeze_flow, rollout_flow, train_flow
 from tasks.config import STAGES, RunConfig
 
@@ -22,14 +24,14 @@ def forced(from_stage: str | None) -> dict[str, bool]:
     return {s: j >= i for j, s in enumerate(STAGES)}
 
 
-@flow(name="harnessrl-pipeline")
+@flow(name="harnessrl-pipeline", flow_run_name=flow_run_namer())
 def pipeline(cfg: RunConfig, run_dir: str, from_stage: str | None = None) -> dict[str, Any]:
     """freeze -> rollout -> train -> evaluate -> analyze, each stage cached by its inputs' content
     hashes and its config; ``from_stage`` forces that stage and the ones after it."""
     return chain(cfg, run_dir, from_stage)
 
 
-@flow(name="harnessrl-train")
+@flow(name="harnessrl-train", flow_run_name=flow_run_namer())
 def through_train(cfg: RunConfig, run_dir: str, from_stage: str | None = None) -> dict[str, Any]:
     """freeze -> rollout -> train (``harnessrl train`` under torchrun: the train stage is
     data-parallel over the torchrun processes), cached like :func:`pipeline`."""
@@ -58,7 +60,7 @@ def chain(cfg: RunConfig, run_dir: str, from_stage: str | None = None, until: st
     if last >= 4:
         out["analyze"] = analyze_flow(run_dir, cfg, out["freeze"]["outputs"], out["rollout"]["outputs"],
                                       out["train"]["outputs"], out["evaluate"]["outputs"], force=force["analyze"])
-        publish_report(run_dir)
+        publish_report(run_dir, label=run_label(cfg))
     log = get_run_logger()
     for stage, r in out.items():
         log.info("stage %s: %s in %.1f s (%s)", stage, r["state"], r["seconds"],

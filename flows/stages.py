@@ -8,6 +8,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.common import call_stage, stage_task
+from flows.naming import flow_run_namer
+from tasks.analysis.report import md_cell
 from schemas import ArtifactRef
 from tasks.analysis.stage import run_analyze
 from tasks.config import RunConfig
@@ -46,19 +48,19 @@ def freeze_then(name: str, task_: Any, run_dir: str, cfg: RunConfig, force_freez
     return {"freeze": frozen, name: refs, "seconds": seconds}
 
 
-@flow(name="freeze")
+@flow(name="freeze", flow_run_name=flow_run_namer("freeze"))
 def freeze_flow(run_dir: str, cfg: RunConfig, force: bool = False) -> dict[str, Any]:
     """Task suites x harness specs become content-addressed, split, frozen task-harness records."""
     return _timed("freeze", freeze_task, run_dir, cfg, {}, force)
 
 
-@flow(name="rollout")
+@flow(name="rollout", flow_run_name=flow_run_namer("rollout"))
 def rollout_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], force: bool = False) -> dict[str, Any]:
     """The base policy runs through each harness on each train task; every turn, token and log-prob is kept."""
     return _timed("rollout", rollout_task, run_dir, cfg, frozen, force)
 
 
-@flow(name="train")
+@flow(name="train", flow_run_name=flow_run_namer("train"))
 def train_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], rollouts: dict[str, ArtifactRef],
                force: bool = False) -> dict[str, Any]:
     """GRPO/GSPO on a LoRA adapter over the rollouts; a checkpoint and per-step metrics come out."""
@@ -66,7 +68,7 @@ def train_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], rol
     return _timed("train", train_task, run_dir, cfg, inputs, force)
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", flow_run_name=flow_run_namer("evaluate"))
 def evaluate_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], rollouts: dict[str, ArtifactRef],
                   trained: dict[str, ArtifactRef], force: bool = False) -> dict[str, Any]:
     """Held-out tasks x evaluation harnesses x checkpoints, under a plan sealed before the first attempt."""
@@ -78,7 +80,7 @@ def evaluate_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], 
     return _timed("evaluate", evaluate_task, run_dir, cfg, inputs, force)
 
 
-@flow(name="analyze")
+@flow(name="analyze", flow_run_name=flow_run_namer("analyze"))
 def analyze_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], rollouts: dict[str, ArtifactRef],
                  trained: dict[str, ArtifactRef], evaluated: dict[str, ArtifactRef], force: bool = False
                  ) -> dict[str, Any]:
@@ -110,12 +112,15 @@ UI_TABLES = {
 MAX_INLINE_PNG = 1024 * 1024
 
 
-@flow(name="report-tables")
-def report_tables_flow(run_dir: str) -> list[str]:
-    """The analysis tables as table artifacts (``harnessrl-<table>``) and a link artifact to the
-    report file (``harnessrl-report-file``), in a subflow run of their own so the calling flow
-    run's artifacts tab holds the report alone (the Prefect UI does not order a run's artifacts by
-    creation). Returns the keys."""
+@flow(name="report-tables", flow_run_name=flow_run_namer("report-tables"))
+def report_tables_flow(run_dir: str, report_link: str | None = None, label: str | None = None) -> list[str]:
+    """The analysis tables as table artifacts (``harnessrl-<table>``; the Prefect UI renders a
+    string cell as Markdown, so each is escaped with :func:`tasks.analysis.report.md_cell`: the
+    ``*`` of an aggregate row is a star, not a bullet) and, when ``report_link``
+    is given, a link artifact to it (``harnessrl-report-file``), in a subflow run of their own so
+    the calling flow run's artifacts tab holds the report alone (the Prefect UI does not order a
+    run's artifacts by creation). ``label`` names the subflow run (``report-tables · <label>``).
+    Returns the keys."""
     from prefect.artifacts import create_link_artifact, create_table_artifact
 
     from schemas import ArtifactStore
@@ -126,35 +131,51 @@ def report_tables_flow(run_dir: str) -> list[str]:
         if store.exists(f"{stage}/{name}.parquet"):
             rows = store.rows((stage, name))
             if rows:
-                create_table_artifact(table=rows, key=f"harnessrl-{suffix}", description=desc)
+                cells = [{k: md_cell(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+                create_table_artifact(table=cells, key=f"harnessrl-{suffix}", description=desc)
                 keys.append(f"harnessrl-{suffix}")
-    if store.exists("analyze/report.md"):
-        create_link_artifact(key="harnessrl-report-file", link=store.url_of("analyze/report.md"),
-                             link_text="analyze/report.md", description=f"the report file of {run_dir}")
+    if report_link is not None:
+        create_link_artifact(key="harnessrl-report-file", link=report_link, link_text="the run's report",
+                             description=f"the run's report (the markdown artifact `harnessrl-report`); its file is "
+                                         f"`{store.url_of('analyze/report.md')}`")
         keys.append("harnessrl-report-file")
     return keys
 
 
-def publish_report(run_dir: str) -> list[str]:
+def artifact_page(artifact_id: Any) -> str:
+    """Where a browser opens a Prefect artifact: ``<PREFECT_UI_URL>/artifacts/artifact/<id>``
+    when a UI URL is configured (a server of one's own: ``PREFECT_API_URL`` or ``PREFECT_UI_URL``
+    set), else the path ``/artifacts/artifact/<id>``, which resolves against whichever Prefect UI
+    shows the link (the temporary server of a run is gone when the run ends; a UI started later
+    on the run's Prefect home serves the same artifact ids)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    base = PREFECT_UI_URL.value()
+    return f"{base.rstrip('/') if base else ''}/artifacts/artifact/{artifact_id}"
+
+
+def publish_report(run_dir: str, label: str | None = None) -> list[str]:
     """Publish the run's report to the calling flow run (the pipeline) so the Prefect UI shows it
     as the run's first (and only) artifact: ``analyze/report.md`` as the markdown artifact
     ``harnessrl-report`` with its figures inlined as data URIs
     (:func:`tasks.analysis.report.inline_figures`: no relative image path to break). The analysis
-    tables and a link to the report file go to the subflow run ``report-tables``
-    (:func:`report_tables_flow`). Returns every key published, the report's last. Call inside a
-    flow run."""
+    tables and a link to the report artifact's page (:func:`artifact_page`: a browser opens it,
+    where it blocks the ``file://`` URL of the report file) go to the subflow run
+    ``report-tables`` (:func:`report_tables_flow`, named ``report-tables · <label>``). Returns
+    every key published, the report's last. Call inside a flow run."""
     from prefect.artifacts import create_markdown_artifact
 
     from schemas import ArtifactStore
     from tasks.analysis.report import inline_figures
 
     store = ArtifactStore(run_dir)
-    keys = report_tables_flow(run_dir)
+    report_id = None
     if store.exists("analyze/report.md"):
         def png_of(rel: str) -> bytes | None:
             return store.read_bytes(f"analyze/{rel}") if store.exists(f"analyze/{rel}") else None
 
         markdown = inline_figures(store.read_bytes("analyze/report.md").decode(), png_of, MAX_INLINE_PNG)
-        create_markdown_artifact(key="harnessrl-report", markdown=markdown, description=f"harnessrl report of {run_dir}")
-        keys.append("harnessrl-report")
-    return keys
+        report_id = create_markdown_artifact(key="harnessrl-report", markdown=markdown,
+                                             description=f"harnessrl report of {run_dir}")
+    keys = report_tables_flow(run_dir, None if report_id is None else artifact_page(report_id), label)
+    return keys + (["harnessrl-report"] if report_id is not None else [])

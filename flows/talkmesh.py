@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import flow, task
 
+from flows.naming import flow_run_namer
 from flows.stages import freeze_then
 from schemas import ArtifactRef, ArtifactStore
 from tasks.talkmesh.config import TalkMeshRunConfig
@@ -22,7 +23,7 @@ def talkmesh_task(run_dir: str, cfg: TalkMeshRunConfig, frozen: dict[str, Artifa
     return run_talkmesh(ArtifactStore(run_dir), cfg, frozen, lambda adapter: load_policy(cfg, adapter))
 
 
-@flow(name="harnessrl-talkmesh")
+@flow(name="harnessrl-talkmesh", flow_run_name=flow_run_namer())
 def talkmesh_flow(cfg: TalkMeshRunConfig, run_dir: str, force_freeze: bool = False) -> dict[str, Any]:
     """Freeze (cached by content like the pipeline's), then the TalkMesh task. Returns
     ``{"freeze": refs, "talkmesh": refs, "seconds": wall-clock seconds of the TalkMesh task}``."""

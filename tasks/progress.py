@@ -4,7 +4,11 @@ lines through Prefect's run logger (inside a flow or task run) or the ``harnessr
 (outside one), so a run's progress shows in the Prefect UI too.
 
 The bar is drawn only when stderr is a TTY and ``HARNESSRL_PROGRESS`` is not ``0``; log lines are
-written at most every ``log_every_s`` seconds (and at the end), never per item.
+written at most every ``log_every_s`` seconds (and at the end), never per item, each with an ETA.
+
+A policy engine reports the requests of one ``generate`` call as they complete with
+:func:`requests_done`; whoever called ``generate`` inside :func:`on_requests_done` hears of them
+(the harness engine turns them into turn slots), so one long batch moves the bar too.
 """
 
 from __future__ import annotations
@@ -15,9 +19,31 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Callable, Iterator
 
 _log = logging.getLogger("harnessrl.progress")
+_REQUESTS: ContextVar[Callable[[int], None] | None] = ContextVar("harnessrl_requests_done", default=None)
+
+
+@contextmanager
+def on_requests_done(callback: Callable[[int], None]) -> Iterator[None]:
+    """Within the block, :func:`requests_done` calls in this thread (or context) call
+    ``callback(n)``; the previous listener, if any, is restored after."""
+    token = _REQUESTS.set(callback)
+    try:
+        yield
+    finally:
+        _REQUESTS.reset(token)
+
+
+def requests_done(n: int) -> None:
+    """Tell the listener of :func:`on_requests_done` (if any) that ``n`` more requests of the
+    current ``generate`` call have completed. Engines call it as completions arrive."""
+    if n:
+        callback = _REQUESTS.get()
+        if callback is not None:
+            callback(n)
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
@@ -52,6 +78,17 @@ def log_console() -> Any:
 def bar_enabled() -> bool:
     """True when a bar should be drawn: stderr is a TTY and ``HARNESSRL_PROGRESS`` is not ``0``."""
     return os.environ.get("HARNESSRL_PROGRESS", "1") != "0" and sys.stderr.isatty()
+
+
+def eta(done: int, total: int, elapsed_s: float) -> str:
+    """``"ETA 3m05s"`` from the rate so far (``done`` of ``total`` in ``elapsed_s``), or
+    ``"ETA ?"`` before anything is done."""
+    if done <= 0 or elapsed_s <= 0:
+        return "ETA ?"
+    left = max(total - done, 0) * elapsed_s / done
+    m, s = divmod(int(round(left)), 60)
+    h, m = divmod(m, 60)
+    return f"ETA {h}h{m:02d}m" if h else (f"ETA {m}m{s:02d}s" if m else f"ETA {s}s")
 
 
 @contextmanager
@@ -106,7 +143,8 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
             now = time.monotonic()
             if now - last >= log_every_s and done[0] < total:
                 last = now
-                logger.info("%s: %d/%d %s (%.0f s)", desc, done[0], total, unit, now - t0)
+                logger.info("%s: %d/%d %s (%.0f s, %s)", desc, done[0], total, unit, now - t0,
+                            eta(done[0], total, now - t0))
 
     try:
         yield advance

@@ -46,6 +46,34 @@ def inline_figures(markdown: str, png_of: Callable[[str], bytes | None], max_byt
     return _FIGURE.sub(sub, markdown)
 
 
+class Md(str):
+    """A table cell already written in Markdown (e.g. ``**no**: <escaped reason>``): :func:`_table`
+    leaves it as it is, where it escapes every other cell with :func:`md_cell`."""
+
+
+_INLINE = re.compile(r"([\\`*_|~<&])")
+_BLOCK_START = re.compile(r"^([-+>]|#{1,6}|\d{1,9}[.)])(?=\s|$)")
+_RULE = re.compile(r"^(-\s*){3,}$")
+
+
+def md_cell(text: str) -> str:
+    """``text`` as Markdown that renders as ``text`` in a table cell or as a block of its own (the
+    Prefect UI renders every string cell of a table artifact as Markdown): a backslash before
+    ``\\ ` * _ | ~ < &`` wherever they are, and before a list, heading or quote marker that
+    starts it (``- x``, ``1. x``, ``# x``, ``> x``, ``---``); line breaks become spaces (a table
+    row is one line) and leading or trailing blanks go (an indented block is code). A number like
+    ``-0.5`` or ``[0.1, 0.3]`` stays as it is."""
+    out = " ".join(str(text).splitlines()).strip()
+    out = _INLINE.sub(r"\\\1", out)
+    if _RULE.match(out):
+        return "\\" + out
+    m = _BLOCK_START.match(out)
+    if m:
+        mark = m.group(1)
+        out = (mark[:-1] + "\\" + mark[-1] if mark[0].isdigit() else "\\" + mark) + out[m.end():]
+    return out
+
+
 def _f(x: Any, fmt: str = ".3f") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
@@ -63,18 +91,23 @@ def _col_px(cells: list[str]) -> float:
     return 8.5 * max(len(c) for c in cells) + 26.0
 
 
-def _table(header: list[str], rows: list[list[str]], align: str | None = None, keep: int = 1) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], align: str | None = None, *, keep: int) -> list[str]:
     """A Markdown table (lines) readable at 1400 px: cells longer than :data:`LONG_CELL` become
     ``[n]`` with the text in a note below; when the estimated width exceeds
-    :data:`TABLE_BUDGET_PX` the columns after the first ``keep`` (the row labels) are split into
-    consecutive tables that each repeat the labels. ``align``: one ``l``/``r`` per column."""
+    :data:`TABLE_BUDGET_PX` the columns after the first ``keep`` (the row's key: every column
+    that tells one row from another, e.g. arm and step) are split into consecutive tables that
+    each repeat the key. ``align``: one ``l``/``r`` per column. ``keep`` has no default: a
+    table that names too few key columns loses its keys in the second group."""
     align = align or "l" + "r" * (len(header) - 1)
     notes: dict[str, int] = {}
 
     def short(c: str) -> str:
         if len(c) <= LONG_CELL:
             return c
-        return f"[{notes.setdefault(c, len(notes) + 1)}]"
+        return Md(f"[{notes.setdefault(c, len(notes) + 1)}]")
+
+    def md(c: str) -> str:
+        return c if isinstance(c, Md) else md_cell(c)
 
     body = [[short(c) for c in r] for r in rows]
     widths = [_col_px([h] + [r[i] for r in body]) for i, h in enumerate(header)]
@@ -94,11 +127,11 @@ def _table(header: list[str], rows: list[list[str]], align: str | None = None, k
         sep = ["---:" if align[i] == "r" else "---" for i in cols]
         if gi:
             out.append("")
-        out += ["| " + " | ".join(header[i] for i in cols) + " |", "| " + " | ".join(sep) + " |"]
-        out += ["| " + " | ".join(r[i] for i in cols) + " |" for r in body]
+        out += ["| " + " | ".join(md(header[i]) for i in cols) + " |", "| " + " | ".join(sep) + " |"]
+        out += ["| " + " | ".join(md(r[i]) for i in cols) + " |" for r in body]
     if notes:
         out.append("")
-        out += [f"[{n}] {text}  " for text, n in notes.items()]
+        out += [f"[{n}] {md(text)}  " for text, n in notes.items()]
     return out
 
 
@@ -149,7 +182,8 @@ def render_report(inp: ReportInputs) -> str:
         rows.append([h, str(len(es)), _f(sum(e["reward"] for e in es) / len(es)),
                      _f(sum(e["success"] for e in es) / len(es)), _f(sum(e["answer_parsed"] for e in es) / len(es)),
                      _f(sum(e["num_turns"] for e in es) / len(es), ".2f")])
-    out += _table(["harness", "episodes", "mean reward", "success rate", "parse rate", "mean turns"], rows) + [""]
+    out += _table(["harness", "episodes", "mean reward", "success rate", "parse rate", "mean turns"], rows,
+                  keep=1) + [""]
 
     out += ["## Training", ""]
     tps = {(t.get("arm") or "final", t["step"]): t.get("tokens_per_s") for t in inp.timing}
@@ -160,7 +194,7 @@ def render_report(inp: ReportInputs) -> str:
                      _f(s["entropy"]), _f(s["clip_frac"]), _f(s["zero_adv_frac"]), _f(s["grad_norm"]),
                      _f(tps.get((arm, s["step"])), ".0f")])
     out += _table(["arm", "step", "reward", "loss", "KL", "entropy", "clip frac", "zero-adv frac", "grad norm",
-                   "tokens/s"], rows, "lr" + "r" * 8) + [""]
+                   "tokens/s"], rows, "lr" + "r" * 8, keep=2) + [""]
     bad = [s for s in inp.train_steps if nonfinite_step(s)]
     if bad:
         out += [f"**Unstable:** non-finite loss, KL or gradient norm at {len(bad)} step(s): "
@@ -176,12 +210,12 @@ def render_report(inp: ReportInputs) -> str:
                       if a else "")
             rows.append([r["arm"], a.get("algorithm", ""), kl, regime, str(r["steps"]), _f(r["first_reward"]),
                          _f(r["final_reward"]), _f(r["final_kl"], ".5f"), _f(r["max_kl"], ".5f"),
-                         "yes" if r["stable"] else f"**no**: {r['reason']}"])
+                         "yes" if r["stable"] else Md(f"**no**: {md_cell(r['reason'])}")])
         out += ["Training arms (stable: every loss and gradient norm finite, KL finite where computed (n/a: no KL "
                 "term) and below the divergence threshold):",
                 ""]
         out += _table(["arm", "objective", "KL", "sampling", "steps", "first reward", "last reward", "last KL",
-                       "max KL", "stable"], rows, "llllrrrrrl") + [""]
+                       "max KL", "stable"], rows, "llllrrrrrl", keep=1) + [""]
 
     out += ["## Sealed evaluation", "", f"plan `{inp.plan_hash[:16]}`, chain head `{inp.seal_head[:16]}` "
             "(`harnessrl verify` recomputes both). pass@1 per checkpoint (rows) and evaluation harness (columns); "
@@ -195,7 +229,7 @@ def render_report(inp: ReportInputs) -> str:
         for ck in dict.fromkeys(c["checkpoint"] for c in cells):
             rows.append([ck] + [("n/c" if not val[(ck, h)]["counted"] else _f(val[(ck, h)]["pass_at_1"]))
                                 if (ck, h) in val else "" for h in hs])
-        out += _table(["checkpoint"] + [f"{h} (held out)" if h in held else h for h in hs], rows) + [""]
+        out += _table(["checkpoint"] + [f"{h} (held out)" if h in held else h for h in hs], rows, keep=1) + [""]
         out += ["Format apart from competence: the parse rate is the share of graded attempts whose answer was "
                 "in the harness's own format (its answer pattern or submit tool, not the last-number fallback); "
                 "accuracy given parsed is pass@1 among those (n/a: none parsed). A gain in the parse rate is the "
@@ -228,7 +262,7 @@ def render_report(inp: ReportInputs) -> str:
                  _f(c["p_bonferroni"]), _f(c["mdd"])] for c in inp.eval_contrasts]
         out += ["Pre-registered contrasts (task-clustered paired bootstrap, Bonferroni over the family):", ""]
         out += _table(["contrast", "a - b", "status", "tasks", "estimate", "CI", "p (Bonf.)", "MDD"], rows,
-                      "lllrrrrr") + [""]
+                      "lllrrrrr", keep=1) + [""]
 
     if inp.kl_check:
         by_conf = {r["configuration"]: r for r in inp.kl_check}
@@ -242,14 +276,14 @@ def render_report(inp: ReportInputs) -> str:
             k = by_conf.get(a["kl_config"])
             rows.append([a["arm"], a["kl_config"] or "no KL", "n/a" if k is None else ("yes" if k["unbiased"] else "no"),
                          "n/a" if k is None else _f(k["relative_bias"]),
-                         "n/a" if k is None else ("yes" if k["agrees_with_paper"] else "**no**"),
+                         "n/a" if k is None else ("yes" if k["agrees_with_paper"] else Md("**no**")),
                          "yes" if stable.get(a["arm"]) else "no", "; ".join(final.get(a["arm"], []))])
         out += ["## P5: estimator table beside the arms", "",
                 "Gradient bias of each arm's KL configuration by exact enumeration on a tiny autoregressive policy "
                 "(`harnessrl kl-check`; sequence-level reverse-KL gradient), beside the arm's stability and sealed pass@1 "
                 "per suite: do the unbiased configurations also train better here?", ""]
         out += _table(["arm", "KL configuration", "unbiased", "relative bias", "agrees with paper", "stable",
-                       "pass@1 per suite [95% interval]"], rows, "lllrlll") + [""]
+                       "pass@1 per suite [95% interval]"], rows, "lllrlll", keep=1) + [""]
 
     out += ["## P1: harness ceiling minus mismatch", ""]
     if inp.mismatch:
@@ -318,7 +352,7 @@ def render_report(inp: ReportInputs) -> str:
                 "logistic regression predicting the harness from a sample's advantage, minus its shuffled-label null "
                 "(percentage points, interval from the null's quantiles).", ""]
         out += _table(["rule", "zero groups", "fraction", "accuracy", "null", "leakage (pp)", "interval", "p", "note"],
-                      rows, "lrrrrrrrl") + [""]
+                      rows, "lrrrrrrrl", keep=1) + [""]
     out += _figure(inp, "leakage", "zero-advantage groups and harness-identity leakage")
     if inp.action_jsd:
         rows = [[r["scope"].replace("_", " "), f"{r['checkpoint_a']} / {r['harness_a']}",
@@ -326,7 +360,7 @@ def render_report(inp: ReportInputs) -> str:
                 for r in inp.action_jsd]
         out += ["Action-distribution Jensen-Shannon divergence (bits) over action kinds of the sealed attempts' turns.",
                 ""]
-        out += _table(["scope", "a", "b", "JSD (bits)", "turns"], rows, "lllrr") + [""]
+        out += _table(["scope", "a", "b", "JSD (bits)", "turns"], rows, "lllrr", keep=3) + [""]
     out += _figure(inp, "action_jsd", "action-distribution divergence")
     if inp.notes:
         out += ["## Notes", ""] + [f"- {n}" for n in inp.notes] + [""]
@@ -357,7 +391,7 @@ def talkmesh_section(heads: list[dict[str, Any]], evals: list[dict[str, Any]], e
                 "(ECE with equal-width bins; Brier score):", ""]
         out += _table(["harness", "proposals", "correct", "ECE", "Brier"],
                       [[h["harness_name"], str(h["n"]), str(h["positives"]), _f(h["ece"]), _f(h["brier"])]
-                       for h in sorted(heads, key=lambda h: h["harness_name"])])
+                       for h in sorted(heads, key=lambda h: h["harness_name"])], keep=1)
         out.append("")
     by_ep: dict[str, list[dict[str, Any]]] = {}
     for t in eval_turns:
@@ -376,5 +410,5 @@ def talkmesh_section(heads: list[dict[str, Any]], evals: list[dict[str, Any]], e
                          f"{sum(bool(a.get('kept')) for a in revs)}/{len(revs)}"])
     out += ["Sealed evaluation of the mesh (an attempt passes when the agents' consensus answer is correct); "
             "outputs = model-written messages per problem (proposals, hints, revisions):", ""]
-    out += _table(["harness", "checkpoint", "attempts", "accuracy", "outputs / problem", "revisions kept"], rows)
+    out += _table(["harness", "checkpoint", "attempts", "accuracy", "outputs / problem", "revisions kept"], rows, keep=2)
     return "\n".join(out) + "\n"

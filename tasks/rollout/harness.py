@@ -34,6 +34,7 @@ from tasks.harnesses.actions import ParsedReply, fallback_answer, last_code_bloc
 from tasks.harnesses.spec import HarnessSpec, SamplingSpec, render
 from tasks.harnesses.tools import IMPLS, ToolOutput
 from tasks.hashing import canonical_json, seed_from, sha256_text
+from tasks.progress import on_requests_done
 from tasks.records.verifiers import VerifierError, grade
 from tasks.rollout.browser import BrowserError
 from tasks.rollout.loop_plugins import ENTRY_POINT_GROUP
@@ -330,6 +331,20 @@ def _finish_workspace(ep: _Episode, spec: HarnessSpec) -> None:
         ep.env.sandbox().write_file(path, last_code_block(ep.last_text) or ep.last_text)
 
 
+class _Sampled:
+    """A turn's ``on_turns`` for the requests of its batch: passes on at most ``limit`` in all,
+    counting them in ``n``."""
+
+    def __init__(self, report: Callable[[int], None], limit: int) -> None:
+        self.report, self.limit, self.n = report, limit, 0
+
+    def __call__(self, k: int) -> None:
+        k = min(k, self.limit - self.n)
+        if k > 0:
+            self.n += k
+            self.report(k)
+
+
 def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sandbox_cfg: SandboxConfig,
                  *, seed: int, on_turns: Callable[[int], None] | None = None
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -337,8 +352,10 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
 
     Progress: ``on_turns(n)``, when given, is called after each turn's batch with the number of
     turn slots it used up, where every episode has ``spec.max_turns`` slots: one per episode that
-    took the turn, plus the slots left to each episode that ended (or could not start). Over a
-    call the counts add up to exactly ``len(jobs) * spec.max_turns``.
+    took the turn, plus the slots left to each episode that ended (or could not start); during the
+    batch, with one slot per request the engine reports finished (:func:`tasks.progress.
+    requests_done`), those slots then not counted again. Over a call the counts add up to exactly
+    ``len(jobs) * spec.max_turns``.
 
     Seeding: turn t's batch is sampled with ``seed_from(seed, harness_id, t, ids of the episodes
     still running)``, so the same jobs in the same order give the same tokens.
@@ -391,7 +408,10 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
             if not active:
                 break
             turn_seed = seed_from(seed, spec.harness_id, turn, [e.job.episode_id for e in active])
-            gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
+            # requests the engine reports finished move the bar within the batch: one slot each
+            sampled = _Sampled(report, len(active))
+            with on_requests_done(sampled):
+                gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
             fault_point(f"rollout:{spec.name}:turn:{turn}")  # crash tests: a worker dying mid-shard
             results = list(pool.map(lambda eg: _step(eg[0], spec, eg[1], turn, sandbox_cfg), zip(active, gens)))
             for e, g, (observation, obs_spans, action) in zip(active, gens, results):
@@ -434,7 +454,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                         e.prompt = new_prompt
                         e.prompt_cols = next_turn(cont)
                 row["read_spans"] = canonical_json(spans)
-            report(len(active) + (spec.max_turns - turn - 1) * sum(e.done for e in active))
+            report(len(active) - sampled.n + (spec.max_turns - turn - 1) * sum(e.done for e in active))
 
         def finish(e: _Episode) -> dict[str, Any]:
             reward = 0.0

@@ -91,15 +91,23 @@ class HFPolicy:
         Prompts run in the batches :func:`plan_batches` cuts (at most ``cfg.batch_size`` rows,
         similar lengths together); batch ``b`` of the plan samples under seed ``seed + b``.
         Deterministic for a given (weights, prompts, sampling, seed) on the CPU.
+
+        Progress: a row is reported to :func:`tasks.progress.requests_done` at the decoding step
+        that samples its EOS, the batch's other rows when the batch ends.
         """
+        from tasks.progress import requests_done
+
         out: list[Generation | None] = [None] * len(prompts)
         plan = plan_batches([len(p) for p in prompts], self.cfg.batch_size, self.cfg.batch_overhead_tokens)
         for b, rows in enumerate(plan):
-            for i, g in zip(rows, self._generate_batch([prompts[i] for i in rows], sampling, seed + b)):
+            stopped = _StoppedRows(max(len(prompts[i]) for i in rows), self.eos_id, requests_done)
+            for i, g in zip(rows, self._generate_batch([prompts[i] for i in rows], sampling, seed + b, stopped)):
                 out[i] = g
+            requests_done(len(rows) - stopped.n)
         return [g for g in out if g is not None]
 
-    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
+    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int,
+                        stopped: "_StoppedRows | None" = None) -> list[Generation]:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList
         from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
@@ -123,6 +131,8 @@ class HFPolicy:
             warpers.append(TopKLogitsWarper(sampling.top_k))
         if sampling.top_p < 1.0:
             warpers.append(TopPLogitsWarper(sampling.top_p))
+        if stopped is not None:  # reads the tokens drawn so far; the scores pass unchanged
+            warpers.append(stopped)
         recorder = _LogprobRecorder()
         warpers.append(recorder)
         gen_cfg = GenerationConfig(
@@ -244,6 +254,27 @@ def plan_batches(lengths: list[int], max_rows: int, overhead_tokens: int) -> lis
         plan.append(sorted(order[cut[j]:j]))  # rows in the prompts' order: see Returns
         j = cut[j]
     return plan[::-1]
+
+
+class _StoppedRows:
+    """A logits processor that changes nothing and calls ``report(k)`` when ``k`` more rows of the
+    batch have drawn ``eos_id`` (the last column of ``input_ids``, once it is past the prompts'
+    ``width``), counting them in ``n``. ``generate`` pads a finished row with the pad id, which may
+    differ from EOS: a row is counted once, at its first EOS."""
+
+    def __init__(self, width: int, eos_id: int, report: Any) -> None:
+        self.width, self.eos_id, self.report, self.n = width, eos_id, report, 0
+        self.stopped: Any = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if input_ids.shape[1] > self.width:
+            now = input_ids[:, -1] == self.eos_id
+            self.stopped = now if self.stopped is None else self.stopped | now
+            k = int(self.stopped.sum()) - self.n
+            if k > 0:
+                self.n += k
+                self.report(k)
+        return scores
 
 
 class _LogprobRecorder:

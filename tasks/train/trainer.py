@@ -554,10 +554,20 @@ class Trainer:
                "lr": tc.lr, "tokens": int(seen), "sequences": len(idx), "policy_version_sampled": sampled,
                "staleness": staleness, "logp_mismatch_mean": mismatch["mean"], "logp_mismatch_max": mismatch["max"],
                "sync_max_abs_logp_diff": b.sync_diff, "dropped": json.dumps(b.dropped, sort_keys=True)}
-        self.log(f"train step {self.version} (epoch {b.epoch}, batch {batch_index}): loss {tot['loss']:.4f} "
-                 f"kl {tot['kl']:.5f} clip {tot['clip_frac']:.3f} ratio [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}] "
-                 f"grad {grad_norm:.3f} staleness {staleness} ({dt:.1f} s)")
+        self.log(f"train step {self.version} ({self._batch_label(b, ppo_epoch, batch_index)}): loss {tot['loss']:.4f} "
+                 f"kl {'off' if kl_cfg.beta == 0 else format(tot['kl'], '.5f')} clip {tot['clip_frac']:.3f} "
+                 f"ratio [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}] grad {grad_norm:.3f} staleness {staleness} "
+                 f"({dt:.1f} s)")
         return row, {"step": self.version, "seconds": dt, "tokens_per_s": seen / dt if dt > 0 else 0.0}
+
+    def _batch_label(self, b: Batch, ppo_epoch: int, batch_index: int) -> str:
+        """Where a step sits, as its log line says it: ``iteration N`` (1-based, as the online
+        loop's own line counts) in online mode, ``epoch N`` in frozen mode (0-based, as the
+        ``train_steps`` row's ``epoch``), then the PPO epoch when there are several, then the
+        mini-batch."""
+        where = f"iteration {b.epoch + 1}" if self.tc.mode == "online" else f"epoch {b.epoch}"
+        ppo = f", ppo epoch {ppo_epoch}" if self.tc.ppo_epochs > 1 else ""
+        return f"{where}{ppo}, batch {batch_index}"
 
     def _forward(self, ids: Any, attn: Any, mask: Any, key: tuple[float, int, float], with_entropy: bool,
                  kw: dict[str, Any], train: bool = True) -> tuple[Any, Any]:

@@ -1,12 +1,14 @@
 """The report's tables stay readable in a 1400 px window: long cells become notes, wide tables
 split into column groups that repeat the row labels, and nothing is lost."""
 
-from tasks.analysis.report import LONG_CELL, TABLE_BUDGET_PX, _col_px, _table, inline_figures
+from tasks.analysis.report import (LONG_CELL, TABLE_BUDGET_PX, ReportInputs, _col_px, _table, inline_figures,
+                                   render_report, talkmesh_section)
 
 
 def test_long_cells_become_numbered_notes_and_repeat_once():
     reason = "5 point(s): an R^2 needs >= 5 (two points always fit a line exactly)"
-    out = _table(["target", "R^2", "why"], [["gain", "n/a", reason], ["return", "n/a", reason], ["x", "0.5", ""]])
+    out = _table(["target", "R^2", "why"], [["gain", "n/a", reason], ["return", "n/a", reason], ["x", "0.5", ""]],
+                 keep=1)
     assert out[2] == "| gain | n/a | [1] |" and out[3] == "| return | n/a | [1] |"
     assert out[-1] == f"[1] {reason}  " and sum(reason in line for line in out) == 1
     assert len("[1]") <= LONG_CELL < len(reason)
@@ -23,7 +25,7 @@ def test_a_wide_table_splits_into_groups_that_repeat_the_labels():
     for ln in tables:  # each group within the budget
         cols = [c.strip() for c in ln.strip("|").split("|")]
         assert sum(_col_px([c, "0.000"]) for c in cols) <= TABLE_BUDGET_PX
-    assert len([ln for ln in _table(header[:5], [r[:5] for r in rows]) if ln.startswith("| checkpoint")]) == 1
+    assert len([ln for ln in _table(header[:5], [r[:5] for r in rows], keep=2) if ln.startswith("| checkpoint")]) == 1
 
 
 def test_inline_figures_embeds_pngs_and_says_when_one_is_missing():
@@ -33,3 +35,96 @@ def test_inline_figures_embeds_pngs_and_says_when_one_is_missing():
     assert "![R^2 comparison](data:image/png;base64,iVBORw0KGgp4eHh4eHh4eHh4)" in out
     assert "plots/r2.png" not in out and "figure plots/gone.png is missing" in out
     assert "not inlined" in inline_figures(md, lambda rel: png, max_bytes=4)
+
+
+def _groups(markdown: str, first: str) -> list[list[list[str]]]:
+    """The tables of ``markdown`` whose header starts with the column ``first``: each a list of
+    rows (header first, the separator left out), each row its stripped cells."""
+    out, cur = [], None
+    for ln in markdown.splitlines():
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")] if ln.startswith("|") else None
+        if cells is None:
+            cur = None
+        elif cur is None:
+            cur = [cells] if cells[0] == first else None
+            if cur is not None:
+                out.append(cur)
+        elif not set(ln.replace("|", "").strip()) <= set("-: "):
+            cur.append(cells)
+    return out
+
+
+def _inputs(**over):
+    base = dict(run_name="r", config_hash="0" * 64, model="m", plan_hash="1" * 64, seal_head="2" * 64,
+                episodes=[], train_steps=[], timing=[], eval_cells=[], eval_contrasts=[], mismatch=[])
+    return ReportInputs(**{**base, **over})
+
+
+def test_every_group_of_the_training_table_carries_arm_and_step():
+    # 3 steps of two arms, each with its own tokens/s: the table is wider than the budget, so
+    # tokens/s lands in a second group, which must say which arm and which step each number is
+    steps = [{"arm": arm, "step": s, "reward_mean": 0.5, "loss": 0.1, "kl": 0.001, "entropy": 1.0, "clip_frac": 0.0,
+              "zero_adv_frac": 0.25, "grad_norm": 1.5} for arm in ("a", "final") for s in (1, 2, 3)]
+    timing = [{"arm": arm, "step": s, "tokens_per_s": 100.0 * s + (7 if arm == "a" else 0)}
+              for arm in ("a", "final") for s in (1, 2, 3)]
+    groups = _groups(render_report(_inputs(train_steps=steps, timing=timing)), "arm")
+    training = [g for g in groups if "step" in g[0]]
+    assert len(training) == 2  # split: tokens/s in the second group
+    for g in training:
+        assert g[0][:2] == ["arm", "step"]
+    tps = training[1]
+    assert tps[0] == ["arm", "step", "tokens/s"]
+    assert tps[1:] == [["a", "1", "107"], ["a", "2", "207"], ["a", "3", "307"],
+                       ["final", "1", "100"], ["final", "2", "200"], ["final", "3", "300"]]
+
+
+def test_split_action_jsd_and_talkmesh_tables_repeat_their_whole_key():
+    # checkpoint and harness names of 27-28 characters (just under LONG_CELL, so they stay in the
+    # cells) make both tables wider than the budget
+    ck, h = "step-000015-arm-kl-in-reward", "react-python-skill-file-long"
+    assert len(f"{ck[:12]} / {h[:12]}") < len(ck) == len(h) == LONG_CELL
+    jsd = [{"scope": "across_harness", "checkpoint_a": ck[:12], "harness_a": f"{h[:11]}{i}", "checkpoint_b": ck[:12],
+            "harness_b": f"{h[:11]}{i + 1}", "jsd_bits": 0.1 * i, "n_a": 10, "n_b": 12} for i in range(3)]
+    tables = _groups(render_report(_inputs(action_jsd=jsd)), "scope")
+    assert len(tables) >= 2
+    for t in tables:
+        assert t[0][:3] == ["scope", "a", "b"]
+        assert [r[:3] for r in t[1:]] == [["across harness", f"{ck[:12]} / {h[:11]}{i}", f"{ck[:12]} / {h[:11]}{i + 1}"]
+                                          for i in range(3)]
+    evals = [{"harness_name": h, "checkpoint": c, "status": "resolved", "resolved": True, "num_turns": 3,
+              "eval_id": f"{c}-{i}"} for c in ("base", ck) for i in range(2)]
+    mesh = _groups(talkmesh_section([], evals, [], [h]), "harness")
+    assert len(mesh) >= 2
+    for t in mesh:
+        assert t[0][:2] == ["harness", "checkpoint"] and [r[:2] for r in t[1:]] == [[h, "base"], [h, ck]]
+
+
+TRICKY = ["*", "-", "- x", "+", "1. first", "2)", "## h", "> q", "---", "a|b", "a\\b", "x_y_z", "*em*", "_u_",
+          "`code`", "~~s~~", "<think>", "a &amp; b"]
+
+
+def test_md_cell_renders_as_its_text_alone_and_in_a_table_cell():
+    import html
+
+    from markdown_it import MarkdownIt
+
+    from tasks.analysis.report import md_cell
+
+    md = MarkdownIt("commonmark").enable("table").enable("strikethrough")
+    for t in TRICKY:
+        alone = md.render(md_cell(t))
+        assert alone == f"<p>{html.escape(t, quote=False)}</p>\n", (t, alone)  # a paragraph of the text itself
+    assert [md_cell(t) for t in ("-0.5", "[0.1, 0.3]", "1.5", "n/a")] == ["-0.5", "[0.1, 0.3]", "1.5", "n/a"]
+    assert md_cell("a\nb ") == "a b"
+    rendered = md.render("\n".join(_table(["name", "value"], [[t, "1"] for t in TRICKY], keep=1)))
+    cells = [c.split("</td>")[0] for c in rendered.split("<td>")[1:]]  # the value cells are <td style=...>
+    assert cells == [html.escape(t, quote=False) for t in TRICKY]
+
+
+def test_report_cells_escape_data_and_keep_their_own_markdown():
+    stability = [{"arm": "k3_*", "steps": 2, "first_reward": 0.1, "final_reward": 0.2, "final_kl": 0.01, "max_kl": 0.02,
+                  "stable": False, "reason": "KL > 1 | nan"}]
+    md = render_report(_inputs(stability=stability))
+    rows = [ln for ln in md.splitlines() if ln.startswith("| k3")]  # the table splits: one row per group
+    assert len(rows) == 2 and all(r.startswith("| k3\\_\\* |") for r in rows)
+    assert rows[-1].endswith("| **no**: KL > 1 \\| nan |")

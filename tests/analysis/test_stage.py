@@ -1,6 +1,7 @@
 """The analyze stage end to end on a scripted sealed evaluation (no model): every table, the
 figures, the report, and the Prefect artifacts the UI shows."""
 
+import json
 import math
 
 import pytest
@@ -173,20 +174,26 @@ def test_the_same_inputs_give_identical_tables_and_figures(analyzed):
 
 
 def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_harness):
+    from markdown_it import MarkdownIt
     from prefect import flow
     from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_UI_URL
 
+    from flows.naming import flow_run_namer, run_label, tagged
     from flows.stages import publish_report
 
-    _, store, _, _ = analyzed
+    cfg, store, _, _ = analyzed
+    cfg = cfg.model_copy(update={"name": "p1-analysis"})
 
-    @flow
-    def show():
-        return publish_report(store.url)
+    @flow(flow_run_name=flow_run_namer())
+    def show(cfg: RunConfig):
+        return publish_report(store.url, label=run_label(cfg))
 
-    keys = show()
+    with tagged(cfg):
+        state = show(cfg, return_state=True)
+    keys = state.result()
     assert keys[-1] == "harnessrl-report" and "harnessrl-mismatch" in keys and "harnessrl-leakage" in keys
-    assert "harnessrl-p1-points" in keys and "harnessrl-report-file" in keys
+    assert "harnessrl-p1-points" in keys and "harnessrl-report-file" in keys and "harnessrl-eval-cells" in keys
 
     import asyncio
 
@@ -201,4 +208,24 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
     figs = store.list_files("analyze/plots")
     assert "](plots/" not in report and report.count("](data:image/png;base64,") == len(figs) == 6
     assert arts["harnessrl-report"].flow_run_id != arts["harnessrl-mismatch"].flow_run_id  # tables: a subflow run
-    assert "file://" in str(arts["harnessrl-report-file"].data)
+    # the link opens the report artifact's page in the UI that shows it, not a file:// URL a browser blocks
+    ui = PREFECT_UI_URL.value()
+    assert ui and ui.startswith("http://")
+    assert arts["harnessrl-report-file"].data == f"[the run's report]({ui}/artifacts/artifact/{arts['harnessrl-report'].id})"
+    # a string cell renders as itself (the UI renders each as Markdown): the aggregate rows' "*" is no bullet
+    cells = json.loads(arts["harnessrl-eval-cells"].data)
+    stars = [r for r in cells if r["kind"] == "col\\_mean"]  # escaped too: "col_mean" as Markdown
+    assert stars and all(r["checkpoint"] == "\\*" for r in stars)
+    md = MarkdownIt("commonmark")
+    for r in cells:
+        for v in r.values():
+            if isinstance(v, str) and v:
+                html = md.render(v)
+                assert html.startswith("<p>") and "<li>" not in html and "<em>" not in html, (v, html)
+    # the subflow run that holds the tables is named and tagged from the config
+    with get_client(sync_client=True) as client:
+        top = client.read_flow_run(state.state_details.flow_run_id)
+        tables_run = client.read_flow_run(arts["harnessrl-mismatch"].flow_run_id)
+    assert top.name == run_label(cfg) and tables_run.name == f"report-tables · {run_label(cfg)}"
+    assert sorted(tables_run.tags) == ["P1", "p1-analysis"]
+

@@ -118,6 +118,14 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
         assert len(children) == 6 and all(c.state.is_completed() for c in children)
         flow_names = {client.read_flow(c.flow_id).name for c in children}
         assert flow_names == set(STAGES) | {"report-tables"}, flow_names
+        # named and tagged from the config (the entry flow loads it in its body and renames its run)
+        from flows.naming import run_label
+        from tasks.config import load_config
+
+        label = run_label(load_config(cfg_path))
+        assert fr.name == label and {"harnessrl", "deployed"} <= set(fr.tags), (fr.name, fr.tags)
+        assert sorted(c.name for c in children) == sorted(f"{s} · {label}" for s in [*STAGES, "report-tables"])
+        assert all("deployed" in c.tags for c in children), [c.tags for c in children]
         children = [c for c in children if client.read_flow(c.flow_id).name != "report-tables"]
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [c.id for c in children]}))
         assert sorted(t.name.rsplit("-", 1)[0] for t in tasks) == sorted(STAGES)

@@ -156,6 +156,75 @@ def test_vllm_stops_at_eos_like_trim_completion(vllm_f32):
             assert len(g.token_ids) == 40 and vllm_f32.eos_id not in g.token_ids
 
 
+def test_vllm_reports_requests_as_they_finish(vllm_f32):
+    """The worker streams how many requests have finished while the batch runs: the listener
+    hears increasing counts before the reply (the EOS-stopped requests finish steps before the
+    40-token ones), adding up to the prompts, and the completions are those of a call nobody
+    listens to at the default pace."""
+    from tasks.progress import on_requests_done
+
+    tok = vllm_f32.tokenizer
+    prompts = [tok.encode(f"Calculate {i} + 4.") for i in range(16)]
+    s = SamplingSpec(temperature=1.0, max_new_tokens=40)
+    quiet = vllm_f32.generate(prompts, s, seed=0)
+    got: list[int] = []
+    vllm_f32.progress_every_s = 0.0  # a progress line after every engine step that finishes some
+    try:
+        with on_requests_done(got.append):
+            gens = vllm_f32.generate(prompts, s, seed=0)
+    finally:
+        del vllm_f32.progress_every_s  # the class's pace again
+    assert gens == quiet
+    stopped = sum(g.finish_reason == "stop" for g in gens)
+    assert 0 < stopped < len(gens)
+    assert all(n > 0 for n in got) and sum(got) == len(prompts)
+    assert len(got) >= 2 and sum(got[:-1]) <= stopped and got[-1] >= len(prompts) - stopped, got
+
+
+def test_vllm_step_loop_samples_what_llm_generate_samples(vllm_f32, tmp_path):
+    """The worker's step loop (progress as requests finish) gives the tokens, log-probs and finish
+    reasons of ``LLM.generate`` (what the worker called before) for the same seeded requests, in
+    prompt order, on an engine started with the worker's own arguments; and the engine's reply is
+    the same."""
+    import json
+    import subprocess
+
+    from tasks.rollout.engines.vllm_engine import WORKER, worker_env
+
+    py = require_vllm_venv()
+    tok = vllm_f32.tokenizer
+    prompts = [tok.encode(f"Calculate {i} + 4.") for i in range(12)] + [tok.encode("What is 12 - 5? Answer:")]
+    s = SamplingSpec(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=40)
+    req = vllm_f32.generate_request(prompts, s, seed=7)
+    script = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("harnessrl_vllm_worker_under_test", sys.argv[1])
+w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)
+cfg, req = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+from vllm import LLM
+from vllm.inputs import TokensPrompt
+llm = LLM(**w.engine_kwargs(cfg))
+prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
+rows = lambda rs: [[list(r.outputs[0].token_ids), [float(st[t].logprob) for t, st in zip(r.outputs[0].token_ids,
+                   r.outputs[0].logprobs)], r.outputs[0].finish_reason] for r in rs]
+seen = []
+steps = rows(w.generate_in_steps(llm, prompts, w.sampling_params(req), None, seen.append, 0.0))
+plain = rows(llm.generate(prompts, w.sampling_params(req), use_tqdm=False))
+print("RESULT " + json.dumps({"steps": steps, "generate": plain, "seen": seen}))
+"""
+    proc = subprocess.run([str(py), "-c", script, str(WORKER), json.dumps(vllm_f32.worker_config), json.dumps(req)],
+                          env=worker_env(vllm_f32.cfg), cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    res = json.loads(lines[-1][len("RESULT "):])
+    assert res["steps"] == res["generate"]
+    assert len({tuple(r[0]) for r in res["generate"]}) > 1 and {r[2] for r in res["generate"]} == {"stop", "length"}
+    assert res["seen"] == sorted(set(res["seen"])) and 0 < len(res["seen"]) and res["seen"][-1] < len(prompts)
+    via_engine = vllm_f32.generate(prompts, s, seed=7)
+    assert [g.token_ids for g in via_engine] == [r[0] for r in res["generate"]]
+    assert [g.logprobs for g in via_engine] == [r[1] for r in res["generate"]]
+
+
 @pytest.mark.parametrize("lora", ["adapter", "auto"])
 def test_vllm_lora_adapter_matches_peft_recomputation(tiny_model_dir, tmp_path, lora):
     """vLLM's LoRA layers (``adapter``) and the adapter merged into the weights (``auto`` on the

@@ -3,6 +3,7 @@ after a kill, starting adapters and the reference, micro-batch invariance, GSPO'
 online sampling with bounded staleness, and the masks."""
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -292,6 +293,28 @@ def test_online_ppo_epochs_and_mini_batches(tiny_model_dir, tmp_path):
     assert [(r["epoch"], r["ppo_epoch"], r["batch_index"]) for r in res.steps] == \
         [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
     assert [r["staleness"] for r in res.steps] == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_step_log_lines_name_the_iteration_or_epoch_and_say_kl_off_without_kl(tiny_model_dir, tmp_path):
+    lines = []
+    cfg = _cfg(tiny_model_dir, mode="online", steps=2, batch_size=1, kl={"beta": 0.0})
+    train_online(cfg, tiny_model_dir, _sampler([]), tmp_path / "a", log=lines.append)
+    steps = [ln for ln in lines if ln.startswith("train step ")]
+    assert [ln.split(":")[0] for ln in steps] == ["train step 1 (iteration 1, batch 0)", "train step 2 (iteration 1, batch 1)",
+                                                  "train step 3 (iteration 2, batch 0)", "train step 4 (iteration 2, batch 1)"]
+    assert all(" kl off " in ln and "nan" not in ln and "epoch" not in ln for ln in steps)
+    # the online loop's own line counts iterations the same way
+    assert [ln.split(":")[1].strip() for ln in lines if ln.startswith("train: iteration")] == ["iteration 1/2",
+                                                                                               "iteration 2/2"]
+    lines.clear()
+    train(_cfg(tiny_model_dir, epochs=1, batch_size=1, ppo_epochs=2, kl={"beta": 0.05}), tiny_model_dir, _seqs(n=6),
+          tmp_path / "b", log=lines.append)
+    steps = [ln for ln in lines if ln.startswith("train step ")]
+    assert [ln.split(":")[0] for ln in steps][:3] == ["train step 1 (epoch 0, ppo epoch 0, batch 0)",
+                                                      "train step 2 (epoch 0, ppo epoch 0, batch 1)",
+                                                      "train step 3 (epoch 0, ppo epoch 1, batch 0)"]
+    kls = [float(ln.split(" kl ")[1].split()[0]) for ln in steps]  # a number when KL is on
+    assert len(kls) == 4 and all(math.isfinite(k) for k in kls) and kls[0] == 0.0 < max(kls)
 
 
 def test_online_mode_resumes_with_the_next_batch(tiny_model_dir, tmp_path):

@@ -138,7 +138,8 @@ class OpenAIPolicy:
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
         """Sample one completion per prompt (token-id lists); prompt ``i`` gets the seed
         ``seed_from(seed, i) mod 2**31``, so with a server that honours seeds (vLLM does) the
-        result depends on (weights, prompts, sampling, seed) only.
+        result depends on (weights, prompts, sampling, seed) only. Each completed request is
+        reported to :func:`tasks.progress.requests_done` as it arrives.
 
         Raises:
             EngineError: a response without token ids or log-probs, log-prob tokens that are not
@@ -150,8 +151,16 @@ class OpenAIPolicy:
         if not prompts:
             return []
         jobs = [(p, seed_from(seed, i) % SEED_MOD) for i, p in enumerate(prompts)]
+        from concurrent.futures import as_completed
+
+        from tasks.progress import requests_done
+
         with ThreadPoolExecutor(max_workers=min(self.cfg.openai.max_concurrency, len(jobs))) as pool:
-            return list(pool.map(lambda job: self._one(job[0], sampling, job[1]), jobs))
+            futures = [pool.submit(self._one, p, sampling, s) for p, s in jobs]
+            for f in as_completed(futures):  # progress as requests complete, here in the caller's thread
+                if f.exception() is None:
+                    requests_done(1)
+            return [f.result() for f in futures]
 
     def _one(self, prompt: list[int], sampling: SamplingSpec, seed: int) -> Generation:
         """One request, on the next live server; on a server failure (connection error, 5xx after

@@ -19,11 +19,12 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tasks.config import PolicyConfig
 from tasks.harnesses.spec import SamplingSpec
 from tasks.hashing import seed_from
+from tasks.progress import requests_done
 from tasks.rollout.engines.base import EngineError, load_tokenizer, policy_identity, to_generation
 from tasks.rollout.policy import Generation
 
@@ -90,6 +91,26 @@ def _lora_rank(adapter_dir: Path) -> int:
     raise EngineError(f"adapter {adapter_dir}: LoRA rank {r} exceeds vLLM's largest ({LORA_RANKS[-1]})")
 
 
+def worker_env(cfg: PolicyConfig) -> dict[str, str]:
+    """The environment the worker runs in: this one without the Python and venv variables (the
+    worker runs another venv), offline, with vLLM's CPU KV cache size, the engine core in the
+    worker's own process, and ``policy.torch_threads`` as ``OMP_NUM_THREADS`` when set."""
+    vc = cfg.vllm
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("PYTHON") or k == "VIRTUAL_ENV":  # the worker runs another venv
+            env.pop(k)
+    env.update({
+        "VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gib:g}", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+        # the engine core in the worker's own process: one process to stop, no IPC per step
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    })
+    if cfg.torch_threads:
+        env["OMP_NUM_THREADS"] = str(cfg.torch_threads)
+    return env
+
+
 class _Worker:
     """A started worker process: JSON lines in, JSON lines out, stderr to a log file."""
 
@@ -118,7 +139,9 @@ class _Worker:
         except OSError:
             return ""
 
-    def receive(self, timeout_s: float, what: str) -> dict:
+    def receive(self, timeout_s: float, what: str, on_progress: Callable[[int], None] | None = None) -> dict:
+        """The next reply (within ``timeout_s`` seconds in all); progress lines before it go to
+        ``on_progress(done)``."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -134,9 +157,14 @@ class _Worker:
                 msg = json.loads(line)
                 if not msg.get("ok"):
                     raise EngineError(f"vllm worker failed during {what}:\n{msg.get('error')}")
+                if "progress" in msg:
+                    if on_progress is not None:
+                        on_progress(int(msg["progress"]))
+                    continue
                 return msg
 
-    def request(self, obj: dict, timeout_s: float, what: str) -> dict:
+    def request(self, obj: dict, timeout_s: float, what: str, on_progress: Callable[[int], None] | None = None
+                ) -> dict:
         with self.lock:
             if self.proc.poll() is not None:
                 raise EngineError(f"vllm worker is not running (status {self.proc.returncode}); log tail:\n"
@@ -146,7 +174,7 @@ class _Worker:
                 self.proc.stdin.flush()
             except (BrokenPipeError, ValueError) as e:
                 raise EngineError(f"vllm worker closed its input ({e}); log tail:\n{self.log_tail()}") from None
-            return self.receive(timeout_s, what)
+            return self.receive(timeout_s, what, on_progress)
 
     def close(self, timeout_s: float = 30.0) -> None:
         if self.proc.poll() is None:
@@ -219,6 +247,9 @@ class VLLMPolicy:
             worker's tokenizer has a different EOS id from ours.
     """
 
+    #: seconds between the worker's progress lines during a ``generate`` call
+    progress_every_s = 0.25
+
     def __init__(self, model_dir: Path, cfg: PolicyConfig, *, base_model_id: str, adapter_dir: Path | None = None):
         self.cfg = cfg
         self.model_dir = Path(model_dir)
@@ -248,18 +279,8 @@ class VLLMPolicy:
             "seed": 0, "prefix_caching": vc.prefix_caching,
             "device": cfg.device, "gpu_memory_utilization": vc.gpu_memory_utilization,
         }
-        env = dict(os.environ)
-        for k in list(env):
-            if k.startswith("PYTHON") or k == "VIRTUAL_ENV":  # the worker runs another venv
-                env.pop(k)
-        env.update({
-            "VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gib:g}", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-            # the engine core in the worker's own process: one process to stop, no IPC per step
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        })
-        if cfg.torch_threads:
-            env["OMP_NUM_THREADS"] = str(cfg.torch_threads)
+        self.worker_config = worker_cfg
+        env = worker_env(cfg)
         t0 = time.monotonic()
         self._worker = _Worker(vllm_python(vc.venv), worker_cfg, env, vc.start_timeout_s)
         self.start_s = time.monotonic() - t0
@@ -275,6 +296,10 @@ class VLLMPolicy:
         sampling, seed) only. vLLM stops at the tokenizer's EOS (kept in the completion) or after
         ``sampling.max_new_tokens`` tokens (or at ``max_model_len``).
 
+        Progress: requests are reported to :func:`tasks.progress.requests_done` as the worker
+        finishes them (at most every ``self.progress_every_s`` seconds), the rest when the reply
+        arrives; the counts add up to ``len(prompts)``.
+
         Raises:
             EngineError: the worker failed, did not answer within ``vllm.request_timeout_s``, or
                 answered something that breaks the ``Generation`` contract; a prompt that leaves no
@@ -286,18 +311,30 @@ class VLLMPolicy:
             if not p or len(p) >= self.max_model_len:
                 raise EngineError(f"prompt {i}: {len(p)} tokens; needs 1 to {self.max_model_len - 1} "
                                   f"(policy.vllm.max_model_len={self.max_model_len})")
-        req = {
+        req = self.generate_request(prompts, sampling, seed)
+        seen = [0]
+
+        def moved(done: int) -> None:
+            requests_done(done - seen[0])
+            seen[0] = done
+
+        reply = self._worker.request(req, self.cfg.vllm.request_timeout_s, "generate", moved)
+        outs = reply["outputs"]
+        if len(outs) != len(prompts):
+            raise EngineError(f"vllm: {len(outs)} completions for {len(prompts)} prompts")
+        requests_done(len(outs) - seen[0])
+        return [to_generation("vllm", o["token_ids"], o["logprobs"], o["finish_reason"], self.eos_id,
+                              sampling.max_new_tokens, self.tokenizer) for o in outs]
+
+    def generate_request(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> dict[str, Any]:
+        """The worker's ``generate`` request for these arguments (see :mod:`.vllm_worker`)."""
+        return {
             "op": "generate", "prompts": [[int(t) for t in p] for p in prompts],
             "seeds": [seed_from(seed, i) for i in range(len(prompts))],
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
             "max_tokens": sampling.max_new_tokens, "stop_token_ids": [self.eos_id], "adapter": self.adapter_dir,
+            "progress_every_s": self.progress_every_s,
         }
-        reply = self._worker.request(req, self.cfg.vllm.request_timeout_s, "generate")
-        outs = reply["outputs"]
-        if len(outs) != len(prompts):
-            raise EngineError(f"vllm: {len(outs)} completions for {len(prompts)} prompts")
-        return [to_generation("vllm", o["token_ids"], o["logprobs"], o["finish_reason"], self.eos_id,
-                              sampling.max_new_tokens, self.tokenizer) for o in outs]
 
     def load_weights(self, state: dict[str, Any]) -> dict[str, float]:
         """Load ``state`` (``{checkpoint name: tensor}``, e.g. a trainer's merged LoRA weights from

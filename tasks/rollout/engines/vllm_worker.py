@@ -12,8 +12,11 @@ Protocol (one JSON object per line; stdin -> requests, the private reply pipe ->
   "gpu_memory_utilization": float}``; the worker replies ``{"ok": true, "ready": true,
   "vllm_version": str, "eos_token_id": int}`` once the engine is loaded.
 * ``{"op": "generate", "prompts": [[int]], "seeds": [int], "temperature": float, "top_p": float,
-  "top_k": int, "max_tokens": int, "stop_token_ids": [int], "adapter": DIR | null}`` ->
-  ``{"ok": true, "outputs": [{"token_ids": [int], "logprobs": [float], "finish_reason": str}]}``;
+  "top_k": int, "max_tokens": int, "stop_token_ids": [int], "adapter": DIR | null,
+  "progress_every_s": float}`` ->
+  ``{"ok": true, "outputs": [{"token_ids": [int], "logprobs": [float], "finish_reason": str}]}``,
+  preceded by zero or more ``{"ok": true, "progress": int}`` lines while the batch runs (the number
+  of its requests finished so far, increasing, at most one per ``progress_every_s``);
   ``logprobs[t]`` is the log-prob (nats) of ``token_ids[t]`` under the PROCESSED sampling
   distribution (``logprobs_mode="processed_logprobs"``: vLLM's sampler returns
   ``log_softmax`` of the float32 logits after temperature, top-k and top-p; see
@@ -41,33 +44,13 @@ import traceback
 
 
 def _serve(reply, config: dict) -> None:
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
 
     import vllm
 
-    kwargs = dict(
-        model=config["model"], tokenizer=config["model"], dtype=config["dtype"],
-        max_model_len=config["max_model_len"], enforce_eager=True, seed=config["seed"],
-        # sampled-token log-probs under the distribution actually sampled from
-        logprobs_mode="processed_logprobs",
-        # ignore the model's generation_config.json: its extra EOS ids and default sampling
-        # settings would make vLLM stop or sample differently from the transformers engine
-        generation_config="vllm",
-        max_logprobs=1,
-        # no chunked prefill: vLLM rewinds the generator of a seeded request whose prefill was cut
-        # into chunks with a CUDA-only call (CPU generators raise "does not use offset"), and every
-        # request here is seeded. Whole prompts only, so the step budget must hold the longest.
-        enable_chunked_prefill=False,
-        max_num_batched_tokens=max(int(config["max_model_len"]), 8192),
-        enable_prefix_caching=bool(config.get("prefix_caching", False)),
-    )
-    if config.get("max_lora_rank"):
-        kwargs.update(enable_lora=True, max_lora_rank=config["max_lora_rank"], max_loras=1)
-    if config.get("device") == "cuda":
-        kwargs["gpu_memory_utilization"] = config.get("gpu_memory_utilization", 0.5)
-    llm = LLM(**kwargs)
+    llm = LLM(**engine_kwargs(config))
     eos = llm.get_tokenizer().eos_token_id
     _send(reply, {"ok": True, "ready": True, "vllm_version": vllm.__version__, "eos_token_id": eos})
 
@@ -94,16 +77,10 @@ def _serve(reply, config: dict) -> None:
                 path = req["adapter"]
                 adapters.setdefault(path, len(adapters) + 1)
                 lora = LoRARequest(f"adapter-{adapters[path]}", adapters[path], path)
-            params = [
-                SamplingParams(
-                    n=1, temperature=req["temperature"], top_p=req["top_p"], top_k=req["top_k"],
-                    max_tokens=req["max_tokens"], seed=s, logprobs=0, detokenize=False,
-                    stop_token_ids=req["stop_token_ids"], repetition_penalty=1.0, min_p=0.0,
-                )
-                for s in req["seeds"]
-            ]
+            params = sampling_params(req)
             prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
-            results = llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+            results = generate_in_steps(llm, prompts, params, lora, lambda done: _send(reply, {"ok": True, "progress": done}),
+                                float(req.get("progress_every_s", 0.25)))
             outputs = []
             for r in results:
                 c = r.outputs[0]
@@ -115,6 +92,72 @@ def _serve(reply, config: dict) -> None:
             _send(reply, {"ok": True, "outputs": outputs})
         except Exception:  # answered, not raised: the engine turns it into an exception
             _send(reply, {"ok": False, "error": traceback.format_exc()})
+
+
+def engine_kwargs(config: dict) -> dict:
+    """``vllm.LLM``'s arguments for the start config (see the module docstring)."""
+    kwargs = dict(
+        model=config["model"], tokenizer=config["model"], dtype=config["dtype"],
+        max_model_len=config["max_model_len"], enforce_eager=True, seed=config["seed"],
+        # sampled-token log-probs under the distribution actually sampled from
+        logprobs_mode="processed_logprobs",
+        # ignore the model's generation_config.json: its extra EOS ids and default sampling
+        # settings would make vLLM stop or sample differently from the transformers engine
+        generation_config="vllm",
+        max_logprobs=1,
+        # no chunked prefill: vLLM rewinds the generator of a seeded request whose prefill was cut
+        # into chunks with a CUDA-only call (CPU generators raise "does not use offset"), and every
+        # request here is seeded. Whole prompts only, so the step budget must hold the longest.
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(int(config["max_model_len"]), 8192),
+        enable_prefix_caching=bool(config.get("prefix_caching", False)),
+    )
+    if config.get("max_lora_rank"):
+        kwargs.update(enable_lora=True, max_lora_rank=config["max_lora_rank"], max_loras=1)
+    if config.get("device") == "cuda":
+        kwargs["gpu_memory_utilization"] = config.get("gpu_memory_utilization", 0.5)
+    return kwargs
+
+
+def sampling_params(req: dict) -> list:
+    """One ``SamplingParams`` per seed of a ``generate`` request."""
+    from vllm import SamplingParams
+
+    return [
+        SamplingParams(
+            n=1, temperature=req["temperature"], top_p=req["top_p"], top_k=req["top_k"],
+            max_tokens=req["max_tokens"], seed=s, logprobs=0, detokenize=False,
+            stop_token_ids=req["stop_token_ids"], repetition_penalty=1.0, min_p=0.0,
+        )
+        for s in req["seeds"]
+    ]
+
+
+def generate_in_steps(llm, prompts: list, params: list, lora, on_progress, every_s: float = 0.25) -> list:
+    """``llm.generate(prompts, params, lora_request=lora)``'s outputs (in prompt order), by the same
+    engine step loop (``LLM._run_engine``: enqueue every request, step until none is unfinished),
+    calling ``on_progress(done)`` with the number of finished requests as they finish: at most every
+    ``every_s`` seconds, and not for the last (the outputs follow at once)."""
+    import time
+
+    ids = llm.enqueue(prompts, params, lora_request=lora, use_tqdm=False)
+    results: list = []
+    sent, last = 0, time.monotonic()
+    engine = llm.llm_engine
+    try:
+        while engine.has_unfinished_requests():
+            results.extend(out for out in engine.step() if out.finished)
+            now = time.monotonic()
+            if sent < len(results) < len(ids) and now - last >= every_s:
+                on_progress(len(results))
+                sent, last = len(results), now
+    except BaseException:
+        engine.abort_request(ids, internal=True)  # the next call must not step this batch's leftovers
+        raise
+    if len(results) != len(ids):
+        raise RuntimeError(f"vLLM finished {len(results)} of {len(ids)} requests")
+    # as LLM._run_engine: outputs carry the request counter as their (external) id
+    return sorted(results, key=lambda r: int(r.request_id))
 
 
 def _load_weights(llm, path: str) -> dict:
