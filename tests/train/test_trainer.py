@@ -3,6 +3,7 @@ after a kill, starting adapters and the reference, micro-batch invariance, GSPO'
 online sampling with bounded staleness, and the masks."""
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,7 @@ def test_resume_after_a_kill_ends_exactly_where_an_uninterrupted_run_ends(tiny_m
     assert len(other.steps) == 4 and sha256_dir(tmp_path / "c") == sha256_dir(tmp_path / "full")
 
 
-# ---- the loss's inputs inside the trainer: TIS weights --------------------------------------------
+# ---- the loss's inputs inside the trainer: TIS weights, asymmetric clip -----------------------------
 
 def _with_behaviour(seqs, logps, shift):
     """``seqs`` with the sampler's log-probs set to ``logps[i]`` (the trainer's, ``[len(ids) - 1]``)
@@ -206,6 +207,37 @@ def test_tis_weights_are_old_over_sampler_on_a_later_mini_batch_and_ppo_epoch(ti
         assert abs(want - wrong) > 1e-4, (want, wrong)  # the policy moved: the two weightings differ
         row, _ = tr.step(b, second, ppo_epoch=ppo_epoch)
         assert row["policy_loss"] == pytest.approx(want, rel=1e-5, abs=1e-7), (ppo_epoch, want, wrong)
+
+
+@pytest.mark.parametrize("algorithm,agg", [("grpo", "token_mean"), ("gspo", "seq_mean_token_mean")])
+def test_asymmetric_clip_range_clips_below_1_minus_clip_low_and_above_1_plus_clip_high(tiny_model_dir, algorithm,
+                                                                                         agg):
+    # DAPO clip-higher: the range is [1 - 0.2, 1 + 0.28]. The old log-probs are the sampler's, set
+    # so that every token (GSPO: every sequence) of a positive-advantage sample has ratio 1.25, of
+    # two negative ones 0.77 and of the third negative one 1.0. In the range [0.8, 1.28] the
+    # positive ones are not clipped, the two negative ones at 0.77 are (at 0.8). With the bounds
+    # swapped ([0.72, 1.2]) the positive ones would be clipped (at 1.2) and no negative one.
+    # (Ratios placed symmetrically would hide a swap in GSPO's loss: a group's advantages sum to 0.)
+    cfg = _fp32(_cfg(tiny_model_dir, algorithm=algorithm, agg=agg, micro_batch_size=8, old_logprobs="sampler",
+                     clip_low=0.2, clip_high=0.28, kl={"beta": 0.0}))
+    tr = Trainer(cfg, tiny_model_dir, log=_quiet)
+    seqs = _seqs(n=6, group=3)  # rewards 0 1 0 | 1 0 1; completions of 2 7 5 | 3 8 6 tokens
+    adv = tr.new_batch(seqs).static_adv.tolist()
+    assert [a > 0 for a in adv] == [False, True, False, True, False, True]
+    ratio = [1.25 if a > 0 else 0.77 for a in adv]
+    ratio[4] = 1.0
+    seqs = _with_behaviour(seqs, tr.passes(seqs, list(range(6)), "policy"), lambda i: math.log(ratio[i]))
+    row, _ = tr.step(tr.new_batch(seqs), list(range(6)))
+    assert row["ratio_min"] == pytest.approx(0.77, rel=1e-5) and row["ratio_max"] == pytest.approx(1.25, rel=1e-5)
+    n = [sum(s.mask[1:]) for s in seqs]
+    taken = [max(r, 0.8) for r in ratio]  # the ratio min(rho A, clip(rho) A) takes, per sample
+    if algorithm == "grpo":  # token mean over 31 tokens; samples 0 and 2's 2 + 5 tokens are clipped
+        want = sum(-a * t * k for a, t, k in zip(adv, taken, n)) / sum(n)
+        assert row["clip_frac"] == pytest.approx(7 / 31, rel=1e-6)
+    else:  # mean over the 6 sequences; samples 0 and 2 are clipped
+        want = sum(-a * t for a, t in zip(adv, taken)) / 6
+        assert row["clip_frac"] == pytest.approx(2 / 6, rel=1e-6)
+    assert row["policy_loss"] == pytest.approx(want, rel=1e-5), (row["policy_loss"], want)
 
 
 # ---- KL ------------------------------------------------------------------------------------------
