@@ -274,6 +274,21 @@ class Trainer:
                     out[i] = lp[r, : len(seqs[i].ids) - 1]
         return out
 
+    def eval_logprobs(self, seqs: list[TrainSequence], *, base: bool = False) -> dict[int, Any]:
+        """:meth:`passes` of the policy (``base``: of the base model, every adapter disabled) over
+        all of ``seqs`` in eval mode, dropout off: what an inference engine holding the same
+        weights computes (the sync canary's side of the comparison). Draws no random numbers; the
+        model is back in train mode afterwards."""
+        was = self.model.training
+        self.model.eval()
+        try:
+            if base:
+                with self.model.disable_adapter():
+                    return self.passes(seqs, list(range(len(seqs))), "policy")
+            return self.passes(seqs, list(range(len(seqs))), "policy")
+        finally:
+            self.model.train(was)
+
     def share(self, plan: GroupPlan, seqs: list[TrainSequence], idx: list[int]) -> list[int]:
         """This rank's part of ``idx`` (whole groups, balanced by tokens; :func:`tasks.train.
         distributed.my_share`), in the order of ``idx``; ``idx`` itself on one process."""

@@ -98,6 +98,7 @@ def test_online_stage_samples_through_one_engine_with_bounded_staleness(tiny_mod
     require_vllm_venv()
     from schemas import ArtifactStore
     from tasks.records.freeze import freeze_tables
+    from tasks.train.online import sync_tolerance
     from tasks.train.stage import run_train
 
     # a KL term in the loss: every sequence gets a forward pass (the random tiny model's rewards are
@@ -128,7 +129,7 @@ def test_online_stage_samples_through_one_engine_with_bounded_staleness(tiny_mod
         if v == 0:
             assert math.isnan(d)
         else:
-            assert 0 <= d < cfg.train.sync_tolerance
+            assert 0 <= d < sync_tolerance(cfg)
     for s in steps:  # float32 on both sides: the engine's and the trainer's log-probs agree closely
         assert (0 <= s["logp_mismatch_mean"] <= s["logp_mismatch_max"] < 0.05) or s["staleness"] > 0, s
     eps = store.rows(out["online_episodes"])
