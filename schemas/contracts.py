@@ -25,13 +25,27 @@ SPLITS = ["train", "test"]
 
 @dataclass(frozen=True)
 class Contract:
-    """An artifact's contract. ``schema`` is exact: same names, order and types."""
+    """An artifact's contract. ``schema`` is exact: same names, order and types.
+
+    ``may_be_empty``: whether an artifact with no rows is valid. When it is not, writing one fails
+    (:func:`schemas.validation.check_rows`) with ``empty_cause``, the likely cause, in the message:
+    a stage whose every row fell out must stop there, not hand the next stage nothing (Great
+    Expectations' map expectations all pass on an empty frame). Not part of the stored bytes, so
+    it is no schema change (``version`` stays).
+    """
 
     name: str
     version: int
     schema: pa.Schema
     expectations: list[Expectation] = field(default_factory=list)
     description: str = ""
+    may_be_empty: bool = True
+    empty_cause: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.may_be_empty and not self.empty_cause:
+            raise ValueError(f"contract {self.name!r}: may_be_empty=False needs an empty_cause (the likely cause of "
+                             "0 rows, shown when it happens)")
 
 
 def _s(*fields: tuple[str, pa.DataType]) -> pa.Schema:
@@ -75,6 +89,8 @@ TASKS = _register(
             ("not_null", "verifier_spec"),
         ],
         "One row per task. workspace (JSON) is the visible set-up of the work dir. verifier_spec holds the hidden answer/tests; it never enters a prompt.",
+        may_be_empty=False,
+        empty_cause="no task came out of the configured suites (check suites[].size and each suite's source)",
     )
 )
 
@@ -98,6 +114,7 @@ HARNESSES = _register(
         ),
         [("unique", "harness_id"), ("unique", "name"), ("between", "max_turns", 1, 1000)],
         "One row per harness spec; harness_id = sha256 of the canonical spec JSON.",
+        may_be_empty=True,  # never empty in a run (config harnesses has min_length 1); not asked for here
     )
 )
 
@@ -116,6 +133,8 @@ RECORDS = _register(
         ),
         [("unique", "record_id"), ("in_set", "split", SPLITS), ("not_null", "task_hash")],
         "A frozen task-harness pair; record_id = sha256(task_hash, harness_id, seed).",
+        may_be_empty=False,
+        empty_cause="no (task, harness) pair: no harness drives the tasks' environments (check harnesses and suites)",
     )
 )
 
@@ -176,6 +195,9 @@ EPISODES = _register(
         "One rollout. group_id = the sampling group (task, harness); the trainer regroups by rule. stop_reason: why "
         "it ended (tasks.rollout.harness.STOP_REASONS); a turn cut at max_new_tokens has finish_reason 'length'. "
         "answer_parsed: the answer came from the harness's own format (answer pattern or submit tool), not the fallback.",
+        may_be_empty=False,
+        empty_cause=("no episode was sampled: the frozen records have no train split, or the sampler returned nothing "
+                     "(check split.test_fraction and the rollout engine; for online_episodes, the online sampler)"),
     )
 )
 
@@ -209,6 +231,7 @@ TURNS = _register(
         "is one agent's separate message (proposal, hint or revision) with its own prompt and action is {kind, agent, "
         "round, talk_reward, ...} (tasks.talkmesh.episodes); such turns are never chained into one sequence). "
         "tasks.rollout.turns.episode_prompts rebuilds the prompts.",
+        may_be_empty=True,  # a runner may record no turns (scripted runners of tests and benchmarks)
     )
 )
 
@@ -257,6 +280,9 @@ TRAIN_STEPS = _register(
         "weight-sync canary of the weights that sampled the batch (NaN: never synced); dropped = JSON {rule: episodes "
         "left out of the batch}. Wall-clock figures vary run to run, so they live in the manifest (extra.timing, "
         "extra.phases), not in the Parquet, which stays byte-identical for a given config and seed.",
+        may_be_empty=False,
+        empty_cause=("no optimizer step ran: every arm ended before its first step (check train.epochs / train.steps, "
+                     "arms, and the episodes left after train.drop_stop_reasons)"),
     )
 )
 
@@ -273,6 +299,7 @@ CHECKPOINTS = _register(
         ),
         [("unique", "name")],
         "A policy to evaluate: 'base' (no adapter, empty path and sha) or a saved LoRA adapter.",
+        may_be_empty=True,  # never empty from the train stage ('base' or an arm's adapter); not asked for here
     )
 )
 
@@ -315,6 +342,9 @@ EVALUATIONS = _register(
         "answer_parsed: the answer was in the harness's own format (not the fallback). "
         "retry > 0: a retry of an infra_error attempt; retry_of = the eval_id of the row it retries (which stays "
         "in the chain); empty for a first attempt.",
+        may_be_empty=False,
+        empty_cause=("no attempt ran: the sealed plan has no test records or no checkpoints, or the runner returned "
+                     "no episodes (check evaluate.harnesses, split.test_fraction and the train stage's checkpoints)"),
     )
 )
 
@@ -352,6 +382,9 @@ EVAL_CELLS = _register(
         "denominators, counted apart); 'row_mean' rows (harness_name '*') average a checkpoint's counted cells, "
         "'col_mean' rows (checkpoint '*') a harness's. counted = graded_fraction >= evaluate.min_graded_fraction; "
         "metrics of an uncounted cell are null.",
+        may_be_empty=False,
+        empty_cause=("no (checkpoint, harness) cell: the sealed plan has no checkpoints or no evaluation harnesses "
+                     "(check the train stage's checkpoints and evaluate.harnesses)"),
     )
 )
 
@@ -387,6 +420,7 @@ EVAL_CONTRASTS = _register(
         "A pre-registered contrast a - b of per-task success rates on the tasks both arms graded: task-clustered "
         "paired bootstrap percentile CI at Bonferroni-adjusted level alpha/m, bootstrap p-value (x m, capped at "
         "1), and the minimum detectable difference at the given power (paired normal approximation).",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -457,6 +491,7 @@ MISMATCH = _register(
         "p_x), mismatch = C - pass@1, mismatch_kl_soft = "
         "C_soft - pass@1 (negative when the policy beats the soft ceiling), mismatch_step = the per-step estimate "
         "by branching (null where not computed) and predicted_return = C - mismatch_step.",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -487,6 +522,7 @@ PREDICTORS = _register(
         "are null, and na_reason says why, when the statistic is undefined or degenerate: fewer than 5 points, a "
         "constant predictor or target, M_step not measured; na_reason is '' when r2 is reported. "
         "predictor_bootstrapped = False for M_step (fixed: its interval resamples the target only).",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -515,6 +551,7 @@ P1_POINTS = _register(
         "per task then averaged, M = C - pass@1, M_step = per-step mismatch by branching, C_minus_M, C_minus_M_step) "
         "and the targets of the checkpoint (gain = its pass@1 minus the reference's, trained_return = its pass@1); "
         "null where not measured.",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -547,6 +584,7 @@ STEP_MISMATCH = _register(
         "pass@K of them (V*_K, K = analyze.branching.k; null when n < K), v_pi their mean success, step_mismatch = "
         "V*_K(s_t) - V*_K(s_t+1) with V*_K(s_T) the attempt's recorded success; replay_ok False when a replay "
         "diverged from the recorded prompts (n_diverged continuations).",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -569,6 +607,7 @@ LOG_ODDS_PAIRS = _register(
         [("not_null", "logodds_policy"), ("not_null", "logodds_ref")],
         "P1's log-odds check: for a pair (a, b) of the actions sampled at a first-turn state, log pi(a|s) - log pi(b|s) "
         "under the trained checkpoint and under the reference (nats), their difference, and r_a - r_b.",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -589,6 +628,7 @@ LOG_ODDS = _register(
         [("compound_unique", ("checkpoint", "harness_name")), ("between", "pearson_policy_ref", -1.0, 1.0)],
         "Per checkpoint and harness: correlation of the policy's and the reference's log-odds (Pearson, Spearman) and "
         "of the log-odds shift with the reward difference; null with < 3 pairs or zero variance; mean |shift| in nats.",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -621,6 +661,7 @@ LEAKAGE = _register(
         "leakage = cross-validated accuracy of a logistic regression predicting the harness from the advantage minus "
         "the shuffled-label null mean, in percentage points, interval from the null's quantiles; note says why a "
         "figure is null.",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -641,6 +682,7 @@ ACTION_JSD = _register(
         [("in_set", "scope", ["between_harnesses", "between_checkpoints"]), ("between", "jsd_bits", 0.0, 1.0)],
         "P4: Jensen-Shannon divergence (bits) of action-kind distributions of the sealed attempts' turns, between "
         "harnesses within a checkpoint and between checkpoints within a harness; n_a, n_b = turns.",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -662,6 +704,7 @@ SUITE_PASS_RATES = _register(
         [("compound_unique", ("checkpoint", "harness_name", "suite")), ("between", "pass_at_1", 0.0, 1.0)],
         "Sealed pass@1 per checkpoint, harness and suite (in-domain vs out-of-domain) with a task-resampling "
         "bootstrap interval, and the median agent steps (turns) per graded attempt.",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -684,6 +727,7 @@ LEARNING_CURVE = _register(
         "Sealed pass@1 against the training step per arm and evaluation harness: base (step 0), the arm's "
         "snapshots (train.save_every) and its final adapter, with a task-resampling bootstrap interval, beside the "
         "mean training reward of the optimizer steps since the previous point (tasks.analysis.learning).",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -706,6 +750,7 @@ TRAINING_STABILITY = _register(
         "Per training arm: first and last mean reward, last and largest per-token KL (nats), steps with a NaN/inf "
         "loss or gradient norm or an infinite KL (a NaN KL means no KL term), and stable = finite and KL <= "
         "analyze.divergence_kl throughout (reason otherwise).",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 
@@ -737,6 +782,7 @@ KL_CHECK = _register(
         [("unique", "configuration"), ("in_set", "estimator", ["k1", "k2", "k3"]),
          ("in_set", "placement", ["reward", "loss", "both"]), ("not_null", "bias_norm")],
         "P5's table by enumeration: each (estimator, placement) configuration's gradient bias.",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )
 

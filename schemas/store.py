@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from schemas.contracts import Contract, get_contract
 from schemas.faults import fault_point
-from schemas.validation import ContractViolation, check_expectations, check_schema
+from schemas.validation import ContractViolation, check_expectations, check_rows, check_schema
 
 _PACKAGES = (
     "harnessrl", "pyarrow", "great_expectations", "prefect", "torch", "transformers", "peft",
@@ -289,12 +289,15 @@ class ArtifactStore:
 
         Raises:
             ArtifactError: the rows break the contract (the message names the artifact, the
-                column and the offending rows); nothing is written in that case.
+                column and the offending rows), or there are none and the contract says the
+                artifact may not be empty (one line naming it and the likely cause); nothing is
+                written in that case.
         """
         c = get_contract(contract or name)
         try:
             table = _to_table(c, rows if isinstance(rows, pa.Table) else list(rows))
             check_schema(c, table)
+            check_rows(c, table.num_rows)
             check_expectations(c, table)
         except ContractViolation as e:
             raise ArtifactError(f"[{stage}/{name}] {e}") from None
@@ -455,8 +458,9 @@ class ArtifactStream:
     commit) removes the temp file, so a failed stream leaves nothing and earlier artifacts intact.
 
     Raises (from :meth:`add` or :meth:`commit`): ArtifactError naming the artifact, the column and
-    the row (its index in the artifact) that breaks the contract; the stream is then aborted, so
-    nothing is written.
+    the row (its index in the artifact) that breaks the contract, or (from :meth:`commit`) naming
+    an artifact with no rows whose contract says it may not be empty; the stream is then aborted,
+    so nothing is written.
     """
 
     def __init__(self, store: ArtifactStore, stage: str, name: str, contract: Contract):
@@ -543,6 +547,11 @@ class ArtifactStream:
         (as :meth:`ArtifactStore.write` does); returns the artifact's ref."""
         if self.done:
             raise ArtifactError(f"[{self.stage}/{self.name}] the stream is already committed or aborted")
+        try:
+            check_rows(self.contract, self.rows)
+        except ContractViolation as e:
+            self.abort()
+            raise ArtifactError(f"[{self.stage}/{self.name}] {e}") from None
         try:
             if self._writer is None:  # fewer rows than one row group: written as write() would
                 table = pa.concat_tables(self._pending) if self._pending else self.contract.schema.empty_table()

@@ -85,8 +85,20 @@ def check_schema(contract: Contract, table: pa.Table) -> None:
         raise ContractViolation(f"artifact {contract.name!r}: column order {got.names} != contract order {want.names}")
 
 
+def check_rows(contract: Contract, num_rows: int) -> None:
+    """Raise :class:`ContractViolation` when a whole artifact of ``num_rows`` rows is empty and its
+    contract says it may not be (``Contract.may_be_empty``): one line naming the artifact and the
+    contract's likely cause. Called on the whole artifact (a write, a stream's commit), never on
+    one row group."""
+    if num_rows == 0 and not contract.may_be_empty:
+        raise ContractViolation(f"{contract.name}: 0 rows ({contract.empty_cause})")
+
+
 def check_expectations(contract: Contract, table: pa.Table) -> None:
     """Run the contract's Great Expectations suite over ``table``.
+
+    An empty table passes every expectation (each is a map over rows); whether the artifact may be
+    empty at all is :func:`check_rows`'s question.
 
     Raises:
         ContractViolation: naming every failed expectation with its column(s), the offending row

@@ -89,8 +89,10 @@ class TrainConfig(_Strict):
     default). ``tis_cap``: truncated importance sampling with the recomputed old log-probs, each
     loss term weighted by min(pi_old / pi_sampler, tis_cap) (sampler/trainer mismatch; verl, TRL).
     ``sync_tolerance``: with ``policy.engine: vllm`` online, the trainer's weights are loaded into
-    the running engine after every batch and a fixed probe is scored by both; a max |log-prob
-    difference| (nats) above this stops the run (:mod:`tasks.train.online`).
+    the running engine after every batch and a fixed probe is scored by both (eval mode); a max
+    |log-prob difference| (nats), or a difference between how far each side's probe moved since
+    the last sync, above this stops the run (:mod:`tasks.train.online`). Unset: by precision,
+    :func:`tasks.train.online.sync_tolerance` (1e-3 with float32 on both sides, 0.5 otherwise).
     Episodes: infrastructure errors never train; ``drop_stop_reasons`` drops others on purpose;
     ``truncated_reward``: an episode that timed out or was cut at its token budget scores ``zero``
     in its group (default) or keeps its ``graded`` reward.
@@ -139,7 +141,7 @@ class TrainConfig(_Strict):
     max_staleness: int = Field(default=0, ge=0)
     old_logprobs: Literal["recompute", "sampler"] | None = None
     tis_cap: float | None = Field(default=None, gt=0)
-    sync_tolerance: float = Field(default=0.5, gt=0)
+    sync_tolerance: float | None = Field(default=None, gt=0)
     drop_stop_reasons: list[Literal["timeout", "max_tokens", "format_error", "max_turns", "submitted"]] = \
         Field(default_factory=list)
     truncated_reward: Literal["zero", "graded"] = "zero"

@@ -195,7 +195,8 @@ def run_rollout(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifact
         states.update(plugin.states(store.rows(ref)))
     eps, turns = run_records(source, cfg, specs, tasks, records, cfg.rollout.samples_per_task,
                              seed_from(cfg.seed, "rollout"), "rollout", loop_states=states or None)
-    rows = episode_rows(eps, eps[0]["policy_id"], 0)
+    # no episode at all: the episodes artifact refuses to be empty (schemas.contracts), in one line
+    rows = episode_rows(eps, eps[0]["policy_id"], 0) if eps else []
     ep_ref = store.write("rollout", "episodes", rows, inputs=ins, config_hash=ch)
     tu_ref = store.write("rollout", "turns", turns, inputs=ins, config_hash=ch)
     return {"episodes": ep_ref, "turns": tu_ref, **out}

@@ -3,9 +3,10 @@ policy, optionally ahead of the trainer by a bounded number of policy versions).
 
 Both schedule mini-batches of whole groups (:func:`tasks.train.batches.minibatches`), seeded per
 pass from the config seed, and call :meth:`tasks.train.trainer.Trainer.step` once per mini-batch.
-Both save a resumable state (adapter, AdamW state, RNG, step, the batch's old log-probs, metric
-rows) every ``train.checkpoint_every`` steps; a resumed frozen run ends bit-identical to an
-uninterrupted one.
+Both save a resumable state (adapter, AdamW state, every random stream a step draws, step, the
+batch's old log-probs, metric rows) every ``train.checkpoint_every`` steps; a resumed frozen run,
+or online run with ``max_staleness: 0``, ends bit-identical to an uninterrupted one, with LoRA
+dropout too (the random streams are put back after the resumed epoch's batch is rebuilt).
 
 Inside a torch.distributed process group (:mod:`tasks.train.distributed`) every rank runs the
 same loop on the same data and trains its share of each mini-batch; only rank 0 logs, calls
@@ -142,6 +143,9 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
                                       layout_seed=seed_from(cfg.seed, "minibatch", st["epoch"], 0))
             batch.old, batch.old_version, batch.mismatch = st["old"], st["old_version"], st["mismatch"]
             batch.deferred, batch.ref_deferred = set(), False  # the state's old log-probs are complete
+        # rebuilding the batch ran no-grad passes, which draw dropout masks (lora.dropout > 0): the
+        # random streams go back to where the saved run stood after its step
+        trainer.restore_rng(st)
     barrier(trainer.dist)  # every rank has read the state before rank 0 may rewrite it
     done_here = 0
     with progress("train steps", total - trainer.version, "steps") as advance:
@@ -159,11 +163,12 @@ def train(cfg: RunConfig, model_dir: Path, seqs: list[TrainSequence], out_dir: P
             advance(1)
             if after_step is not None and main:
                 after_step(trainer, row)
-            if main and state_path is not None and (trainer.version % tc.checkpoint_every == 0 or
-                                                    trainer.version == total):
-                _save_state(state_path, trainer.state(resume_key=resume_key, rows=rows, timing=timing, epoch=epoch,
-                                                      old=batch.old, old_version=batch.old_version,
-                                                      mismatch=batch.mismatch))
+            if state_path is not None and (trainer.version % tc.checkpoint_every == 0 or trainer.version == total):
+                rng = trainer.rng_state()  # every rank: each rank's random streams, gathered
+                if main:
+                    _save_state(state_path, trainer.state(rng, resume_key=resume_key, rows=rows, timing=timing,
+                                                          epoch=epoch, old=batch.old, old_version=batch.old_version,
+                                                          mismatch=batch.mismatch))
             if stop_after is not None and done_here >= stop_after and trainer.version < total:
                 raise TrainingInterrupted(f"stopped after step {trainer.version} (stop_after={stop_after})")
     return TrainResult(steps=rows, timing=timing, adapter_dir=trainer.save_adapter(out_dir) if main else out_dir)
@@ -269,7 +274,10 @@ def train_online(cfg: RunConfig, model_dir: Path, sampler: OnlineSampler | Calla
         sampler: an :class:`OnlineSampler`, or a function ``(trainer, iteration) -> SampledBatch``
             (called synchronously with the trainer at its current version; for tests).
         state_path, resume_key: the resumable state, saved after every iteration; a resumed run
-            continues with the next iteration (resampled from the current weights).
+            continues with the next iteration (resampled from the current weights). With
+            ``max_staleness: 0`` it ends bit-identical to an uninterrupted run (random streams
+            included); with ``max_staleness`` > 0 the batches sampled ahead with older weights are
+            lost and resampled with the saved weights, so the run departs from the uninterrupted one.
         after_iteration: called with the trainer and the iteration index after each iteration.
 
     Returns ``(TrainResult, sampled)`` where ``sampled`` collects each batch's ``rows``.
@@ -289,6 +297,8 @@ def train_online(cfg: RunConfig, model_dir: Path, sampler: OnlineSampler | Calla
         rows, timing, sampled, phases, start = st["rows"], st["timing"], st["sampled"], st["phases"], st["iteration"] + 1
     if trainer.version > 0:
         sampler.sync(trainer)
+    if st is not None:  # where the saved run stood after its sync (a sync draws nothing; to be sure)
+        trainer.restore_rng(st)
     synced_version = trainer.version
     next_submit = start  # the next iteration to hand to the sampler
     steps_per_batch = 1  # estimated from the last batch: the lag of a batch submitted ahead

@@ -12,10 +12,23 @@ the same thread, in submission order: a batch submitted before a sync is generat
 the weights it was submitted under, and no batch mixes two policy versions.
 
 The sync canary: after every load the engine scores a fixed probe (a chat prompt and answer) and
-its log-probs are compared with the trainer's of the same tokens at the same weights; a max |diff|
-above ``train.sync_tolerance`` stops the run with :class:`SyncError`. This catches the failure in
-which the weights silently never reach the engine (it keeps sampling the old policy while the
-trainer believes the samples are on-policy).
+its log-probs are compared with the trainer's of the same tokens at the same weights, scored in
+eval mode (dropout off, as the engine runs; in train mode ``lora.dropout: 0.1`` alone made a good
+sync read 0.3-0.46 nats). Two checks, each against the tolerance (:func:`sync_tolerance`), stop
+the run with a one-line :class:`SyncError`:
+
+- moved: since the last sync (the first: since the base model the engine started on), the
+  engine's probe log-probs must have moved by what the trainer's moved, token by token. A load
+  that leaves the engine where it was (a no-op load, ART#661; the frozen base weights sent
+  instead of the merged ones, TRL#5312 / verl#7495) fails here, naming both movements;
+- agreement: the engine's probe log-probs equal the trainer's now.
+
+The tolerance follows the precision. In float32 on both sides the two agree to ~2e-4 nats with
+vLLM (learn-arith, every sync) and to ~3e-5 with transformers (SmolLM2-135M, lora.dropout 0.1,
+eval mode), so 1e-3; one optimizer step at lr 3e-4 moves SmolLM2's probe by ~0.17 nats, far above
+it. Weights sent in bfloat16 round a small LoRA update away (SmolLM2: engine and trainer 0.25 nats
+apart after one such step, transformers on both sides), so 0.5 there: a sync is only checked
+closely in float32.
 """
 
 from __future__ import annotations
@@ -32,8 +45,22 @@ PROBE_QUESTION = "What is 17 + 25? Think step by step, then give the number."
 PROBE_ANSWER = "17 + 25: 17 + 20 is 37, and 37 + 5 is 42. The answer is 42."
 
 
+# the canary's default tolerance (nats) when train.sync_tolerance is unset: float32 on both sides, else
+SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}
+
+
 class SyncError(RuntimeError):
     """The engine's log-probs of the probe differ from the trainer's after a weight sync."""
+
+
+def sync_tolerance(cfg: Any) -> float:
+    """The canary's tolerance (nats) for the run ``cfg``: ``train.sync_tolerance`` when set, else
+    :data:`SYNC_TOLERANCE` by precision: ``float32`` when the weights sent (``policy.rollout_dtype``)
+    and the trainer's forward passes (``policy.autocast_dtype``) are both float32, else ``bfloat16``."""
+    if cfg.train.sync_tolerance is not None:
+        return float(cfg.train.sync_tolerance)
+    both32 = cfg.policy.rollout_dtype == "float32" and cfg.policy.autocast_dtype == "float32"
+    return SYNC_TOLERANCE["float32" if both32 else "bfloat16"]
 
 
 def probe_sequence(tokenizer: Any) -> TrainSequence:
@@ -54,11 +81,12 @@ class EngineSampler:
 
     Args:
         engine: a policy engine with ``load_weights(state)`` and ``score(prompts)`` (the ``vllm``
-            engine), started on the base model.
+            engine), started on the base model (the canary's first "moved" check starts there).
         sample: ``sample(engine, iteration, version) -> SampledBatch``: runs one iteration's
             episodes with the engine (its weights are those of policy ``version``).
         dtype: the dtype of the weights sent (``policy.rollout_dtype``).
-        tolerance: max |engine - trainer| log-prob (nats) on the probe's answer tokens.
+        tolerance: max |engine - trainer| log-prob (nats) on the probe's answer tokens, and max
+            |engine's movement - trainer's movement| since the last sync (:func:`sync_tolerance`).
         log: progress lines.
     """
 
@@ -70,6 +98,9 @@ class EngineSampler:
         self.version = 0  # the policy version the engine holds (0: the base model it started on)
         self.canary = math.nan  # the last sync's max |logp diff|
         self.probe: TrainSequence | None = None
+        # the probe's log-probs at the last sync: the trainer's (eval mode) and the engine's; None
+        # before the first sync (then: the base model, and the engine before its first load)
+        self.last: tuple[Any, list[float]] | None = None
 
     def submit(self, iteration: int) -> None:
         self.pending.append(self.pool.submit(self._run, iteration))
@@ -86,34 +117,50 @@ class EngineSampler:
 
     def sync(self, trainer: Any) -> dict[str, float]:
         """Load the trainer's current policy into the engine (after every batch already submitted
-        has been generated) and check the canary. Returns ``{"sync_s", "max_abs_logp_diff",
-        "load_s"}``; raises :class:`SyncError` when the canary fails."""
+        has been generated) and check the canary (module docstring). Returns ``{"sync_s",
+        "max_abs_logp_diff", "moved_trainer", "moved_engine", "load_s"}`` (the ``moved_*``: max
+        |change| of each side's probe log-probs since the last sync); raises :class:`SyncError`
+        when the canary fails."""
         t0 = time.perf_counter()
         if self.probe is None:
             self.probe = probe_sequence(trainer.tokenizer)
         probe = self.probe
-        expected = trainer.passes([probe], [0], "policy")[0]  # [len(ids) - 1], 0 where masked
+        expected = trainer.eval_logprobs([probe])[0]  # [len(ids) - 1], 0 where masked
+        before = None if self.last is not None else trainer.eval_logprobs([probe], base=True)[0]
         state = trainer.merged_state(self.dtype)
         version = trainer.version
-        report = self.pool.submit(self._load, state, expected, version).result()
+        report = self.pool.submit(self._load, state, expected, before, version).result()
         report["sync_s"] = time.perf_counter() - t0
         return report
 
-    def _load(self, state: dict[str, Any], expected: Any, version: int) -> dict[str, float]:
-        loaded = self.engine.load_weights(state)
+    def _load(self, state: dict[str, Any], expected: Any, base: Any, version: int) -> dict[str, float]:
         probe = self.probe
         assert probe is not None
+        if self.last is None:  # the first sync: the engine holds the base model it started on
+            self.last = (base, self.engine.score([probe.ids])[0])
+        loaded = self.engine.load_weights(state)
         got = self.engine.score([probe.ids])[0]  # log-prob of ids[1:]
-        diffs = [abs(g - float(expected[p])) for p, (g, m) in enumerate(zip(got, probe.mask[1:])) if m]
-        worst = max(diffs) if diffs else 0.0
+        pos = [p for p, m in enumerate(probe.mask[1:]) if m]
+        t_prev, e_prev = self.last
+        moved_t = max((abs(float(expected[p]) - float(t_prev[p])) for p in pos), default=0.0)
+        moved_e = max((abs(got[p] - e_prev[p]) for p in pos), default=0.0)
+        off = max((abs((got[p] - e_prev[p]) - (float(expected[p]) - float(t_prev[p]))) for p in pos), default=0.0)
+        tail = "; the weights did not reach the sampler, so its samples are not from the policy being trained"
+        if not math.isfinite(off) or off > self.tolerance:
+            raise SyncError(f"weight sync to policy version {version}: the engine's probe log-probs moved by up to "
+                            f"{moved_e:.4g} nats since the last sync, the trainer's by up to {moved_t:.4g} (apart by "
+                            f"up to {off:.4g} > train.sync_tolerance={self.tolerance:g}){tail}")
+        worst = max((abs(got[p] - float(expected[p])) for p in pos), default=0.0)
         if not math.isfinite(worst) or worst > self.tolerance:
             raise SyncError(f"weight sync to policy version {version}: the engine's log-probs of the probe differ from "
-                            f"the trainer's by up to {worst:.4f} nats (train.sync_tolerance={self.tolerance}); the "
-                            "weights did not reach the sampler, so its samples are not from the policy being trained")
-        self.version, self.canary = version, worst
+                            f"the trainer's by up to {worst:.4g} nats (> train.sync_tolerance={self.tolerance:g})"
+                            + tail)
+        self.version, self.canary, self.last = version, worst, (expected, got)
         self.log(f"train: synced policy version {version} into the engine in {loaded['seconds']:.2f} s "
-                 f"({loaded['names']} tensors), canary max |logp diff| {worst:.4f}")
-        return {"max_abs_logp_diff": worst, "load_s": loaded["seconds"]}
+                 f"({loaded['names']} tensors), canary max |logp diff| {worst:.2e}, probe moved {moved_t:.2e} "
+                 f"(trainer) / {moved_e:.2e} (engine)")
+        return {"max_abs_logp_diff": worst, "moved_trainer": moved_t, "moved_engine": moved_e,
+                "load_s": loaded["seconds"]}
 
     def close(self) -> None:
         """Wait for work in flight and stop the thread (the engine is closed by its owner)."""

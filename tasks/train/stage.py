@@ -241,7 +241,7 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
 
     if cfg.policy.engine == "vllm":
         from tasks.rollout.stage import load_policy
-        from tasks.train.online import EngineSampler
+        from tasks.train.online import EngineSampler, sync_tolerance
 
         engine = load_policy(cfg)
 
@@ -249,7 +249,7 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
             policy.policy_id = pid(version)  # the weights it holds now, not the base model it started with
             return batch(policy, iteration, version)
 
-        sampler = EngineSampler(engine, on_engine, dtype=cfg.policy.rollout_dtype, tolerance=tc.sync_tolerance,
+        sampler = EngineSampler(engine, on_engine, dtype=cfg.policy.rollout_dtype, tolerance=sync_tolerance(cfg),
                                 log=log.info)
 
         def release() -> None:

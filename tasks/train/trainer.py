@@ -279,6 +279,21 @@ class Trainer:
                     out[i] = lp[r, : len(seqs[i].ids) - 1]
         return out
 
+    def eval_logprobs(self, seqs: list[TrainSequence], *, base: bool = False) -> dict[int, Any]:
+        """:meth:`passes` of the policy (``base``: of the base model, every adapter disabled) over
+        all of ``seqs`` in eval mode, dropout off: what an inference engine holding the same
+        weights computes (the sync canary's side of the comparison). Draws no random numbers; the
+        model is back in train mode afterwards."""
+        was = self.model.training
+        self.model.eval()
+        try:
+            if base:
+                with self.model.disable_adapter():
+                    return self.passes(seqs, list(range(len(seqs))), "policy")
+            return self.passes(seqs, list(range(len(seqs))), "policy")
+        finally:
+            self.model.train(was)
+
     def share(self, plan: GroupPlan, seqs: list[TrainSequence], idx: list[int]) -> list[int]:
         """This rank's part of ``idx`` (whole groups, balanced by tokens; :func:`tasks.train.
         distributed.my_share`), in the order of ``idx``; ``idx`` itself on one process."""
@@ -650,20 +665,54 @@ class Trainer:
                                "(train.distributed.fsdp); a whole-model copy is not built")
 
     # ---- state ----------------------------------------------------------------------------------
-    def state(self, **extra: Any) -> dict[str, Any]:
+    def rng_state(self) -> dict[str, Any]:
+        """Every random stream a step draws from, as this process holds it now: ``cpu`` (torch's
+        CPU generator: LoRA dropout on the CPU) and ``cuda`` (every CUDA device's generator, when
+        the policy runs on ``cuda``; else None). Under N > 1 processes every rank must call it at
+        the same point (each rank's streams are gathered): ``ranks`` holds them by rank."""
         import torch
+
+        from tasks.train.distributed import gather_dict
+
+        mine = {"cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if self.device == "cuda" else None}
+        if self.dist.world_size == 1:
+            return mine
+        ranks = gather_dict({self.dist.rank: mine}, self.dist)
+        return {**mine, "ranks": [ranks[r] for r in range(self.dist.world_size)]}
+
+    def restore_rng(self, st: dict[str, Any]) -> None:
+        """Put back the random streams of a saved state (:meth:`state`), this rank's own when the
+        state holds every rank's. Called when the resumed run stands where the saved one stood
+        (after a frozen epoch's batch is rebuilt: its no-grad passes draw dropout masks too)."""
+        import torch
+
+        rng = st.get("rng_streams") or {"cpu": st["rng"], "cuda": None}
+        ranks = rng.get("ranks")
+        if ranks is not None and len(ranks) == self.dist.world_size:
+            rng = ranks[self.dist.rank]
+        torch.set_rng_state(rng["cpu"])
+        if rng.get("cuda") is not None and self.device == "cuda":
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def state(self, rng: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+        """The resumable state: version, adapter, AdamW state, the random streams ``rng``
+        (:meth:`rng_state`, taken now when None; ``rng`` in the state: the CPU one, kept for older
+        readers) and ``extra``. Under N > 1 processes pass ``rng``, which every rank took."""
         from peft import get_peft_model_state_dict
 
+        rng = rng if rng is not None else self.rng_state()
         return {"version": self.version, "adapter": get_peft_model_state_dict(self.model),
-                "optimizer": self.opt.state_dict(), "rng": torch.get_rng_state(), **extra}
+                "optimizer": self.opt.state_dict(), "rng": rng["cpu"], "rng_streams": rng, **extra}
 
     def load(self, st: dict[str, Any]) -> None:
-        import torch
+        """Load a saved state's adapter, AdamW state, version and random streams (call
+        :meth:`restore_rng` again once the run stands where it was saved)."""
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(self.model, st["adapter"])
         self.opt.load_state_dict(st["optimizer"])
-        torch.set_rng_state(st["rng"])
+        self.restore_rng(st)
         self.version = st["version"]
 
     def save_adapter(self, out_dir: Path) -> Path:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from schemas import ArtifactStore
+from schemas import ArtifactError, ArtifactStore
 from tasks.config import RunConfig
 from tasks.evaluate.scripted import ScriptedRunner
 from tasks.evaluate.seal import SealError
@@ -28,11 +28,22 @@ def _cfg(**evaluate):
                                      "analyze": {"ceiling_k": 2}})
 
 
+def _episode(rec, split="train", version=0):
+    """An episode row of the record ``rec`` (labelled ``split``)."""
+    return {"episode_id": "e0", "record_id": rec["record_id"], "task_id": rec["task_id"], "task_hash": rec["task_hash"],
+            "harness_id": rec["harness_id"], "harness_name": rec["harness_name"], "split": split, "policy_id": "p",
+            "policy_version": version, "group_id": "g", "sample_idx": 0, "seed": 0, "reward": 1.0, "success": True,
+            "status": "ok", "stop_reason": "submitted", "num_turns": 1, "input_tokens": 3, "output_tokens": 2,
+            "final_answer": "1", "answer_parsed": True}
+
+
 def _store(tmp_path, cfg):
     tasks, harnesses, records = freeze_tables(cfg)
     store = ArtifactStore(tmp_path / "run")
+    train_rec = next(r for r in records if r["split"] == "train")  # an episodes artifact may not be empty
     refs = {"tasks": store.write("freeze", "tasks", tasks), "harnesses": store.write("freeze", "harnesses", harnesses),
-            "records": store.write("freeze", "records", records), "episodes": store.write("rollout", "episodes", [])}
+            "records": store.write("freeze", "records", records),
+            "episodes": store.write("rollout", "episodes", [_episode(train_rec)])}
     ad = tmp_path / "adapter"
     ad.mkdir()
     (ad / "adapter_model.safetensors").write_bytes(b"weights-v1")
@@ -285,12 +296,7 @@ def test_evaluate_refuses_test_tasks_in_online_training_rollouts(tmp_path):
     cfg = _cfg()
     store, refs, tasks, records = _store(tmp_path, cfg)
     rec = next(r for r in records if r["split"] == "test")
-    ep = {"episode_id": "e0", "record_id": rec["record_id"], "task_id": rec["task_id"], "task_hash": rec["task_hash"],
-          "harness_id": rec["harness_id"], "harness_name": rec["harness_name"], "split": "train", "policy_id": "p",
-          "policy_version": 1, "group_id": "g", "sample_idx": 0, "seed": 0, "reward": 1.0, "success": True,
-          "status": "ok", "stop_reason": "submitted", "num_turns": 1, "input_tokens": 3, "output_tokens": 2,
-          "final_answer": "1", "answer_parsed": True}
-    refs["online_episodes"] = store.write("train", "online_episodes", [ep], contract="episodes")
+    refs["online_episodes"] = store.write("train", "online_episodes", [_episode(rec, version=1)], contract="episodes")
     with pytest.raises(LeakageError, match=f"training rollouts: \\['{rec['task_id']}'\\]"):
         run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner())
     assert not store.exists(PLAN)
@@ -449,3 +455,20 @@ def test_turns_of_an_unsealed_episode_are_refused(tmp_path):
         _run(tmp_path, _cfg(), Stray(seed=1))
     assert not (tmp_path / "run/evaluate/eval_turns.parquet").exists()
     assert not list((tmp_path / "run/evaluate").glob(".tmp-*"))
+
+
+def test_an_evaluation_whose_runner_returns_no_episode_fails_in_one_line_and_writes_nothing(tmp_path):
+    def nothing(*_a, **_kw):  # a runner that ran no attempt (all shards lost, say)
+        return iter(())
+
+    cfg = _cfg()
+    store, refs, *_ = _store(tmp_path, cfg)
+    before = {k: store.manifest(v.stage, v.name)["sha256"] for k, v in refs.items()}
+    with pytest.raises(ArtifactError) as e:
+        run_evaluate(store, cfg, refs, episode_runner=nothing)
+    msg = str(e.value)
+    assert msg.startswith("[evaluate/evaluations] evaluations: 0 rows (no attempt ran: ") and "\n" not in msg, msg
+    ev = tmp_path / "run/evaluate"
+    assert not (ev / "evaluations.parquet").exists() and not (ev / "eval_turns.parquet").exists()
+    assert not list(ev.glob(".tmp-*"))
+    assert {k: store.manifest(v.stage, v.name)["sha256"] for k, v in refs.items()} == before

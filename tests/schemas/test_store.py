@@ -177,3 +177,83 @@ def test_stream_checks_expectations_per_row_group_and_aborts(tmp_path, monkeypat
     with pytest.raises(ArtifactError, match="prompt_added_ids"), store.stream("b", "turns") as s2:
         s2.add(bad)
     assert not store.stray_temp_files("b")
+
+
+# ---- empty artifacts ---------------------------------------------------------------------------
+
+# the artifacts that may not be empty, with the stage that writes them and a phrase of the cause
+NON_EMPTY = {"tasks": ("freeze", "no task came out of the configured suites"),
+             "records": ("freeze", "no harness drives the tasks' environments"),
+             "episodes": ("rollout", "the frozen records have no train split"),
+             "train_steps": ("train", "no optimizer step ran"),
+             "evaluations": ("evaluate", "no attempt ran"),
+             "eval_cells": ("evaluate", "no (checkpoint, harness) cell")}
+
+
+def _one_row(contract):
+    """One row that meets ``contract``: every column set, in its set or at its minimum."""
+    import pyarrow as pa
+
+    pick = {e[1]: e[2][0] for e in contract.expectations if e[0] == "in_set"}
+    pick.update({e[1]: e[2] for e in contract.expectations if e[0] == "between"})
+    row = {}
+    for f in contract.schema:
+        t = f.type
+        if f.name in pick:
+            row[f.name] = pick[f.name]
+        elif pa.types.is_list(t):
+            row[f.name] = []
+        elif pa.types.is_boolean(t):
+            row[f.name] = False
+        elif pa.types.is_integer(t):
+            row[f.name] = 1
+        elif pa.types.is_floating(t):
+            row[f.name] = 0.5
+        else:
+            row[f.name] = "x"
+    return row
+
+
+def test_each_pipeline_contract_says_whether_it_may_be_empty():
+    from schemas.contracts import CONTRACTS, PIPELINE_CONTRACTS, Contract
+
+    assert {n for n in PIPELINE_CONTRACTS if not CONTRACTS[n].may_be_empty} == set(NON_EMPTY)
+    with pytest.raises(ValueError, match="'zz': may_be_empty=False needs an empty_cause"):
+        Contract("zz", 1, CONTRACTS["tasks"].schema, may_be_empty=False)
+
+
+@pytest.mark.parametrize("name", sorted(NON_EMPTY))
+def test_an_empty_artifact_that_may_not_be_empty_fails_in_one_line_and_keeps_the_earlier_one(tmp_path, name):
+    from schemas.contracts import CONTRACTS
+
+    stage, phrase = NON_EMPTY[name]
+    c = CONTRACTS[name]
+    store = ArtifactStore(tmp_path)
+    earlier = store.write(stage, name, [_one_row(c)])
+    path, man = tmp_path / stage / f"{name}.parquet", tmp_path / stage / f"{name}.manifest.json"
+    before = (path.read_bytes(), man.read_text())
+    want = f"[{stage}/{name}] {name}: 0 rows ({c.empty_cause})"
+    for empty in ([], c.schema.empty_table()):
+        with pytest.raises(ArtifactError) as e:
+            store.write(stage, name, empty)
+        assert str(e.value) == want and "\n" not in want and phrase in want
+    with pytest.raises(ArtifactError) as e, store.stream(stage, name) as s:  # streamed: at the commit
+        s.add([])
+        s.commit()
+    assert str(e.value) == want
+    assert (path.read_bytes(), man.read_text()) == before and not store.stray_temp_files(stage)
+    assert len(store.rows(earlier)) == 1
+    # under another artifact name the contract is the same: online training's episodes
+    with pytest.raises(ArtifactError, match=rf"^\[train/online_{name}\] {name}: 0 rows \("):
+        store.write("train", f"online_{name}", [], contract=name)
+    assert not store.exists(f"train/online_{name}.parquet")
+
+
+@pytest.mark.parametrize("name", ["turns", "leakage", "eval_contrasts"])
+def test_an_artifact_that_may_be_empty_is_written_empty(tmp_path, name):
+    store = ArtifactStore(tmp_path)
+    assert store.write("a", name, []).rows == 0 and store.rows(("a", name)) == []
+    with store.stream("b", name) as s:
+        s.add([])
+        ref = s.commit()
+    assert ref.rows == 0 and ref.sha256 == store.ref("a", name).sha256

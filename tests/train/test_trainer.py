@@ -154,6 +154,92 @@ def test_resume_after_a_kill_ends_exactly_where_an_uninterrupted_run_ends(tiny_m
     assert len(other.steps) == 4 and sha256_dir(tmp_path / "c") == sha256_dir(tmp_path / "full")
 
 
+# ---- the loss's inputs inside the trainer: TIS weights, asymmetric clip -----------------------------
+
+def _with_behaviour(seqs, logps, shift):
+    """``seqs`` with the sampler's log-probs set to ``logps[i]`` (the trainer's, ``[len(ids) - 1]``)
+    minus ``shift(i)`` on every policy token: pi_x / pi_sampler = exp(shift(i)) there."""
+    out = []
+    for i, s in enumerate(seqs):
+        m = torch.tensor(s.mask[1:], dtype=torch.float32)
+        beh = [0.0] + (logps[i] - shift(i) * m).tolist()
+        out.append(dataclasses.replace(s, behaviour_logp=beh))
+    return out
+
+
+def _stacked(per_seq, idx, width):
+    out = torch.zeros((len(idx), width), dtype=torch.float32)
+    for r, i in enumerate(idx):
+        out[r, : per_seq[i].numel()] = per_seq[i]
+    return out
+
+
+@pytest.mark.parametrize("algorithm,agg", [("grpo", "token_mean"), ("gspo", "seq_mean_token_mean")])
+def test_tis_weights_are_old_over_sampler_on_a_later_mini_batch_and_ppo_epoch(tiny_model_dir, algorithm, agg):
+    # TIS corrects the sampler/trainer mismatch of the *old* policy: w = min(pi_old / pi_sampler, C).
+    # On a batch's first step the current policy is the old one, so only a later step (a second
+    # mini-batch, a second PPO epoch over it) tells old from current. The sampler's log-probs are
+    # the version-0 policy's minus 0.3 nats per token: every correct weight is exp(0.3) (below the
+    # cap), while weights against the current policy would be exp(0.3 + cur - old).
+    from tasks.train.losses import policy_loss, truncated_is_weights
+
+    level = {"grpo": "token", "gspo": "sequence"}[algorithm]
+    cfg = _fp32(_cfg(tiny_model_dir, algorithm=algorithm, agg=agg, batch_size=1, micro_batch_size=8, tis_cap=2.0,
+                     clip_low=10.0, clip_high=10.0, kl={"beta": 0.0}))
+    tr = Trainer(cfg, tiny_model_dir, log=_quiet)
+    seqs = _seqs(n=6, group=3)  # 2 groups: 2 mini-batches
+    seqs = _with_behaviour(seqs, tr.passes(seqs, list(range(6)), "policy"), lambda i: 0.3)
+    b = tr.new_batch(seqs)
+    first, second = b.layout
+    tr.step(b, first)
+    for ppo_epoch in (0, 1):  # the second mini-batch, then a second pass over it
+        cur = tr.passes(seqs, second, "policy")
+        _, _, mask, blogp = pad_batch(seqs, second, tr.pad_id)
+        old_lp, cur_lp = _stacked(b.old, second, mask.shape[1]), _stacked(cur, second, mask.shape[1])
+        adv = b.static_adv[second]
+
+        def loss_with(weights):
+            return float(policy_loss(cur_lp, old_lp, adv, mask, level=level, clip_low=10.0, clip_high=10.0, agg=agg,
+                                     weights=weights)[0])
+
+        want = loss_with(truncated_is_weights(old_lp, blogp, mask, 2.0, level))
+        wrong = loss_with(truncated_is_weights(cur_lp, blogp, mask, 2.0, level))
+        assert abs(want - wrong) > 1e-4, (want, wrong)  # the policy moved: the two weightings differ
+        row, _ = tr.step(b, second, ppo_epoch=ppo_epoch)
+        assert row["policy_loss"] == pytest.approx(want, rel=1e-5, abs=1e-7), (ppo_epoch, want, wrong)
+
+
+@pytest.mark.parametrize("algorithm,agg", [("grpo", "token_mean"), ("gspo", "seq_mean_token_mean")])
+def test_asymmetric_clip_range_clips_below_1_minus_clip_low_and_above_1_plus_clip_high(tiny_model_dir, algorithm,
+                                                                                         agg):
+    # DAPO clip-higher: the range is [1 - 0.2, 1 + 0.28]. The old log-probs are the sampler's, set
+    # so that every token (GSPO: every sequence) of a positive-advantage sample has ratio 1.25, of
+    # two negative ones 0.77 and of the third negative one 1.0. In the range [0.8, 1.28] the
+    # positive ones are not clipped, the two negative ones at 0.77 are (at 0.8). With the bounds
+    # swapped ([0.72, 1.2]) the positive ones would be clipped (at 1.2) and no negative one.
+    # (Ratios placed symmetrically would hide a swap in GSPO's loss: a group's advantages sum to 0.)
+    cfg = _fp32(_cfg(tiny_model_dir, algorithm=algorithm, agg=agg, micro_batch_size=8, old_logprobs="sampler",
+                     clip_low=0.2, clip_high=0.28, kl={"beta": 0.0}))
+    tr = Trainer(cfg, tiny_model_dir, log=_quiet)
+    seqs = _seqs(n=6, group=3)  # rewards 0 1 0 | 1 0 1; completions of 2 7 5 | 3 8 6 tokens
+    adv = tr.new_batch(seqs).static_adv.tolist()
+    assert [a > 0 for a in adv] == [False, True, False, True, False, True]
+    ratio = [1.25 if a > 0 else 0.77 for a in adv]
+    ratio[4] = 1.0
+    seqs = _with_behaviour(seqs, tr.passes(seqs, list(range(6)), "policy"), lambda i: math.log(ratio[i]))
+    row, _ = tr.step(tr.new_batch(seqs), list(range(6)))
+    assert row["ratio_min"] == pytest.approx(0.77, rel=1e-5) and row["ratio_max"] == pytest.approx(1.25, rel=1e-5)
+    n = [sum(s.mask[1:]) for s in seqs]
+    taken = [max(r, 0.8) for r in ratio]  # the ratio min(rho A, clip(rho) A) takes, per sample
+    if algorithm == "grpo":  # token mean over 31 tokens; samples 0 and 2's 2 + 5 tokens are clipped
+        want = sum(-a * t * k for a, t, k in zip(adv, taken, n)) / sum(n)
+        assert row["clip_frac"] == pytest.approx(7 / 31, rel=1e-6)
+    else:  # mean over the 6 sequences; samples 0 and 2 are clipped
+        want = sum(-a * t for a, t in zip(adv, taken)) / 6
+        assert row["clip_frac"] == pytest.approx(2 / 6, rel=1e-6)
+    assert row["policy_loss"] == pytest.approx(want, rel=1e-5), (row["policy_loss"], want)
+
+
 # ---- KL ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("beta", [0.0, 0.5])
