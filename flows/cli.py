@@ -327,9 +327,17 @@ def findings(
         typer.secho(f"NOT A RUN: {rd}: no such folder (run it first: harnessrl run -c {config or DEFAULT_CONFIG})",
                     fg="red", err=True)
         raise typer.Exit(2)
+    from tasks.evaluate.stage import evaluate_config_hash
+
+    store = ArtifactStore(rd)
+    if store.exists("evaluate/evaluations.manifest.json") and \
+            store.manifest("evaluate", "evaluations").get("config_hash") != evaluate_config_hash(cfg):
+        typer.secho(f"NOT THIS RUN: {rd}: its evaluation was made with another config than {config or DEFAULT_CONFIG} "
+                    "(pass the same --set and --quick as the run)", fg="red", err=True)
+        raise typer.Exit(2)
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
     try:
-        rows = finding_rows(ArtifactStore(rd), config=str(config or DEFAULT_CONFIG) + (" --quick" if quick else ""),
+        rows = finding_rows(store, config=str(config or DEFAULT_CONFIG) + (" --quick" if quick else ""),
                             config_hash=cfg.config_hash(), commit=commit or "unknown")
     except NotARunError as e:
         typer.secho(f"NOT A RUN: {e}", fg="red", err=True)

@@ -143,6 +143,11 @@ def _row(e: dict[str, Any], r: dict[str, Any], ck: dict[str, Any], attempt: int,
     }
 
 
+def evaluate_config_hash(cfg: RunConfig) -> str:
+    """The config hash the evaluate stage stamps on its artifacts (the sections it reads)."""
+    return cfg.section_hash("policy", "sandbox", "evaluate", "rollout")
+
+
 def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], *,
                  episode_runner: Callable[..., Iterable[tuple[list[dict[str, Any]], list[dict[str, Any]]]]] | None = None,
                  timings: dict[str, float] | None = None) -> dict[str, ArtifactRef]:
@@ -227,7 +232,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     rows: list[dict[str, Any]] = []
     retries: list[dict[str, Any]] = []
     turn_episodes: set[str] = set()
-    ch = cfg.section_hash("policy", "sandbox", "evaluate", "rollout")
+    ch = evaluate_config_hash(cfg)
     with store.stream("evaluate", "eval_turns", contract="turns") as turns_out, \
             tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:
 

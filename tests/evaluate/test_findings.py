@@ -177,3 +177,25 @@ def test_a_p1_finding_over_five_cells_is_computed_and_recomputed():
     assert row["level"] == pytest.approx(0.95)
     assert row["ci_low"] is None or row["ci_low"] <= row["estimate"] <= row["ci_high"]
     assert finding_table(rows, plan, []) == [row]  # seeded: the same numbers again (what verify relies on)
+
+
+def test_the_findings_command_publishes_a_verified_run_and_verify_rechecks_the_file(found, tmp_path):
+    import json
+
+    import yaml
+
+    store, _ = found
+    cfg_file = tmp_path / "found.yaml"
+    cfg_file.write_text(yaml.safe_dump(_cfg().model_dump(mode="json", exclude_none=True)))
+    out = tmp_path / "findings.jsonl"
+    cli = CliRunner()
+    r = cli.invoke(app, ["findings", "-c", str(cfg_file), "--run-dir", str(store.root), "--append", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["name"] for x in rows] == ["harness-moves-more", "gain-direct"]
+    assert rows[0]["config"] == str(cfg_file) and rows[0]["config_hash"] == _cfg().config_hash()
+    # another config than the run's: refused, nothing appended
+    other = tmp_path / "other.yaml"
+    other.write_text(cfg_file.read_text().replace("attempts: 2", "attempts: 3"))
+    bad = cli.invoke(app, ["findings", "-c", str(other), "--run-dir", str(store.root), "--append", str(out)])
+    assert bad.exit_code == 2 and "NOT THIS RUN" in bad.output and len(out.read_text().splitlines()) == 2
