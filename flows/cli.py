@@ -134,6 +134,12 @@ def train_cmd(
                     fg="red", err=True)
         raise typer.Exit(2)
     cfg = _config_or_exit(config, set_, from_stage)
+    started = int(os.environ["WORLD_SIZE"])
+    if started != cfg.train.world_size:  # every rank stops here, before freeze and rollout
+        typer.secho(f"{config or DEFAULT_CONFIG}: train.distributed.world_size={cfg.train.world_size} but torchrun "
+                    f"started {started} processes (WORLD_SIZE); set train.distributed.world_size: {started}",
+                    fg="red", err=True)
+        raise typer.Exit(2)
     backend = cfg.train.distributed.backend if cfg.train.distributed is not None else "gloo"
     if int(os.environ["RANK"]) != 0:
         _quiet_libraries()

@@ -204,6 +204,31 @@ def test_cli_train_needs_torchrun_and_run_refuses_to_run_once_per_torchrun_proce
     assert r.exit_code == 2 and "use `torchrun ... harnessrl train`" in r.output
 
 
+def test_cli_train_refuses_a_world_size_torchrun_did_not_start_before_freeze(monkeypatch, tmp_path):
+    # every rank stops in one line, before the pipeline runs anything (no run folder is made)
+    from typer.testing import CliRunner
+
+    import flows.pipeline
+    from flows.cli import app
+    from tasks.train import distributed as D
+
+    ran = []  # what would have run: the pipeline, joining the group, following rank 0
+    monkeypatch.setattr(flows.pipeline, "through_train", lambda *a, **k: ran.append("pipeline"))
+    monkeypatch.setattr(D, "join", lambda *a, **k: ran.append("join"))
+    monkeypatch.setattr(D, "follow", lambda *a, **k: ran.append("follow") or 0)
+    monkeypatch.setattr(D, "finish", lambda *a, **k: None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        r = CliRunner().invoke(app, ["train", "-c", "configs/default.yaml", "--run-dir", str(tmp_path / "run"),
+                                     "--set", "train.distributed.world_size=3"])
+        assert r.exit_code == 2, r.output
+        assert r.output.strip().splitlines() == [
+            "configs/default.yaml: train.distributed.world_size=3 but torchrun started 2 processes (WORLD_SIZE); "
+            "set train.distributed.world_size: 2"]
+    assert not ran and not (tmp_path / "run").exists()
+
+
 # ---- FSDP: the base weights sharded over the ranks --------------------------------------------------
 
 class _ShardProbe:
