@@ -172,6 +172,27 @@ def test_the_train_stage_spawns_two_ranks_and_rank_0_writes_checkpoints_and_snap
     assert (Path(s2.root) / "train/state/trainer_state.pt").is_file()
 
 
+def test_two_processes_with_dropout_killed_and_resumed_end_byte_identical(tiny_model_dir, tmp_path):
+    # each rank draws its own dropout masks for its own share, so each rank's random streams are
+    # saved (gathered to rank 0) and each rank resumes with its own. 4 groups, 2 a step: after the
+    # resume, rank 1 trains a group of its own with its own stream
+    cfg = _fp32(_cfg(tiny_model_dir, **_kw(), lora={"r": 4, "alpha": 8, "dropout": 0.1},
+                     distributed={"world_size": 2, "backend": "gloo"}))
+    seqs = _seqs(n=12, group=3)
+    full = train_distributed(cfg, tiny_model_dir, seqs, tmp_path / "full", log=LOG)
+    state = tmp_path / "state.pt"
+    with pytest.raises(Exception, match="TrainingInterrupted"):
+        train_distributed(cfg, tiny_model_dir, seqs, tmp_path / "cut", log=LOG, state_path=state, resume_key="k",
+                          stop_after=1)
+    ranks = torch.load(state, weights_only=False)["rng_streams"]["ranks"]
+    assert len(ranks) == 2 and not torch.equal(ranks[0]["cpu"], ranks[1]["cpu"])  # the ranks' streams differ
+    resumed = train_distributed(cfg, tiny_model_dir, seqs, tmp_path / "resumed", log=LOG, state_path=state,
+                                resume_key="k")
+    assert len(full.steps) == 2 and [r["sequences"] for r in full.steps] == [6, 6]
+    assert [r["loss"] for r in resumed.steps] == [r["loss"] for r in full.steps]
+    assert sha256_dir(tmp_path / "resumed") == sha256_dir(tmp_path / "full")
+
+
 def test_under_bf16_autocast_one_and_two_processes_differ_by_at_most_two_learning_rates(tiny_model_dir, tmp_path):
     # what docs/scale-out.md states: under bf16 autocast (the default) the rounding of a forward
     # depends on the batch's shapes, which differ between 1 process (the whole mini-batch's
