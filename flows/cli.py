@@ -57,6 +57,18 @@ def _config_or_exit(config: Optional[Path], sets: list[str], from_stage: Optiona
     return cfg
 
 
+def _cluster_or_exit(cfg: Any) -> None:
+    """One red line and exit code 2 when the config names a Dask or Ray cluster that nothing
+    answers at (:func:`tasks.rollout.fanout.check_cluster`), before any stage runs."""
+    from tasks.rollout.fanout import check_cluster
+
+    try:
+        check_cluster(cfg.rollout)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+
+
 def prepare_environment(run_root: Path) -> None:
     """Settings that must exist before Prefect is imported: a Prefect home inside the run root
     (its SQLite DB stays out of the user's home), no telemetry, our loggers in the Prefect logs,
@@ -96,6 +108,7 @@ def run(
         raise typer.Exit(2)
 
     cfg = _config_or_exit(config, set_, from_stage, quick=quick)
+    _cluster_or_exit(cfg)
     remote_root = "://" in cfg.run_root
     from flows.naming import run_label, tagged
 
@@ -140,6 +153,13 @@ def train_cmd(
                     fg="red", err=True)
         raise typer.Exit(2)
     cfg = _config_or_exit(config, set_, from_stage)
+    started = int(os.environ["WORLD_SIZE"])
+    if started != cfg.train.world_size:  # every rank stops here, before freeze and rollout
+        typer.secho(f"{config or DEFAULT_CONFIG}: train.distributed.world_size={cfg.train.world_size} but torchrun "
+                    f"started {started} processes (WORLD_SIZE); set train.distributed.world_size: {started}",
+                    fg="red", err=True)
+        raise typer.Exit(2)
+    _cluster_or_exit(cfg)  # rank 0 runs the rollouts; every rank stops with it
     backend = cfg.train.distributed.backend if cfg.train.distributed is not None else "gloo"
     if int(os.environ["RANK"]) != 0:
         _quiet_libraries()

@@ -416,6 +416,35 @@ class _Counted:
         self.advance(n)
 
 
+def check_cluster(rc: RolloutConfig, timeout_s: float = 5.0) -> None:
+    """Refuse, in one line, a ``rollout.dask_address`` / ``ray_address`` where nothing answers: a
+    TCP connection to its host and port within ``timeout_s`` (Dask's client would otherwise retry
+    for 30 s and end in about 1,000 lines of tracebacks). Addresses without a host and port
+    (``auto``, ``inproc://``, ``ucx://``) and runners without an address are not checked.
+
+    Raises:
+        ValueError: nothing accepts a connection there (the key, the value and the reason)."""
+    import socket
+
+    key, addr, kind = (("dask_address", rc.dask_address, "Dask scheduler") if rc.task_runner == "dask" else
+                       ("ray_address", rc.ray_address, "Ray head") if rc.task_runner == "ray" else ("", None, ""))
+    if addr is None or addr == "auto" or addr.startswith(("inproc://", "ucx://")):
+        return
+    hostport = addr.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except OSError as e:
+        why = e.strerror or (f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else type(e).__name__)
+    start = f"dask scheduler --port {port}" if kind == "Dask scheduler" else f"ray start --head --port {port}"
+    raise ValueError(f"rollout.{key}={addr!r}: no {kind} answers at {host}:{port} ({why}); start one "
+                     f"(`{start}`) or unset rollout.{key} to start a local cluster")
+
+
 def _where(rc: RolloutConfig) -> str:
     """The runner as error messages and log lines name it."""
     if rc.task_runner == "dask" and rc.dask_address:

@@ -20,18 +20,20 @@ data whose old log-probs are fixed together (one frozen-mode epoch, or one onlin
    gradient;
 5. gradient clipping, one AdamW step; the policy version is the number of steps taken.
 
-Data-parallel (``train.distributed``, :mod:`tasks.train.distributed`): under a process group of
-N > 1 processes each step's mini-batch is split across them by whole groups; each process runs
-its share's micro-batches with the mini-batch's global denominators, its loss scaled by N, and
+Data-parallel (``train.distributed``, :mod:`tasks.train.distributed`): under a process group of N >
+1 processes each step's mini-batch is split across them by whole groups; each process runs its
+share's micro-batches with the mini-batch's global denominators, its loss scaled by N, and
 DistributedDataParallel averages the gradients (one all-reduce per step, the other micro-batches
-under ``no_sync``), so every process takes the one-process step. The no-grad passes that fix a
-batch's old and reference log-probs are split the same way and gathered; the step's metrics are
-summed over the processes. With ``train.distributed.fsdp`` the frozen base weights are sharded
-(FSDP2, :func:`tasks.train.distributed.shard_base_weights`) instead of replicated, the LoRA
-weights stay replicated and their gradients are averaged by one all-reduce, and every process runs
-as many forward passes as the others (zero-weighted passes of one sequence fill in): DDP's step
-to float rounding (bit-identical in the tests, 2 processes; with ``lora.dropout`` > 0 the padding
-passes draw dropout masks too, so the masks differ from DDP's).
+under ``no_sync``), so every process takes the one-process step, to rounding: each rank's
+micro-batches have other shapes, and under bf16 autocast that rounding, through AdamW's normalised
+first steps, leaves a few weights up to 2 x lr from the one-process adapter (docs/scale-out.md).
+The no-grad passes that fix a batch's old and reference log-probs are split the same way and
+gathered; the step's metrics are summed over the processes. With ``train.distributed.fsdp`` the
+frozen base weights are sharded (FSDP2, :func:`tasks.train.distributed.shard_base_weights`) instead
+of replicated, the LoRA weights stay replicated and their gradients are averaged by one all-reduce,
+and every process runs as many forward passes as the others (zero-weighted passes of one sequence
+fill in): DDP's step to float rounding (bit-identical in the tests, 2 processes; with
+``lora.dropout`` > 0 the padding passes draw dropout masks too, so the masks differ from DDP's).
 
 Memory: the frozen base weights are held in ``policy.autocast_dtype`` (bf16 by default; float32
 when autocast is off), the LoRA weights and the AdamW state in float32; forward passes under bf16

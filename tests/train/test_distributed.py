@@ -172,6 +172,52 @@ def test_the_train_stage_spawns_two_ranks_and_rank_0_writes_checkpoints_and_snap
     assert (Path(s2.root) / "train/state/trainer_state.pt").is_file()
 
 
+def test_two_processes_with_dropout_killed_and_resumed_end_byte_identical(tiny_model_dir, tmp_path):
+    # each rank draws its own dropout masks for its own share, so each rank's random streams are
+    # saved (gathered to rank 0) and each rank resumes with its own. 4 groups, 2 a step: after the
+    # resume, rank 1 trains a group of its own with its own stream
+    cfg = _fp32(_cfg(tiny_model_dir, **_kw(), lora={"r": 4, "alpha": 8, "dropout": 0.1},
+                     distributed={"world_size": 2, "backend": "gloo"}))
+    seqs = _seqs(n=12, group=3)
+    full = train_distributed(cfg, tiny_model_dir, seqs, tmp_path / "full", log=LOG)
+    state = tmp_path / "state.pt"
+    with pytest.raises(Exception, match="TrainingInterrupted"):
+        train_distributed(cfg, tiny_model_dir, seqs, tmp_path / "cut", log=LOG, state_path=state, resume_key="k",
+                          stop_after=1)
+    ranks = torch.load(state, weights_only=False)["rng_streams"]["ranks"]
+    assert len(ranks) == 2 and not torch.equal(ranks[0]["cpu"], ranks[1]["cpu"])  # the ranks' streams differ
+    resumed = train_distributed(cfg, tiny_model_dir, seqs, tmp_path / "resumed", log=LOG, state_path=state,
+                                resume_key="k")
+    assert len(full.steps) == 2 and [r["sequences"] for r in full.steps] == [6, 6]
+    assert [r["loss"] for r in resumed.steps] == [r["loss"] for r in full.steps]
+    assert sha256_dir(tmp_path / "resumed") == sha256_dir(tmp_path / "full")
+
+
+def test_under_bf16_autocast_one_and_two_processes_differ_by_at_most_two_learning_rates(tiny_model_dir, tmp_path):
+    # what docs/scale-out.md states: under bf16 autocast (the default) the rounding of a forward
+    # depends on the batch's shapes, which differ between 1 process (the whole mini-batch's
+    # micro-batches) and 2 (each rank's share); AdamW's normalised first steps (about lr * sign(g))
+    # turn the gradient components near 0 whose sign that rounding flips into steps of lr the
+    # other way. Measured at lr 0.01: 1 vs 2 processes 0.0149 (25 of 16,384 weights apart by more
+    # than lr / 2); 1 process with micro-batches of 1 instead of 2: 0.0200 (the shapes, not the
+    # process count); in float32 8.4e-6 (test_two_gloo_processes_train_the_one_process_adapter)
+    lr = 0.01
+    kw = {**_kw(), "lr": lr}
+    seqs = _data()
+    one = train(_cfg(tiny_model_dir, **kw), tiny_model_dir, seqs, tmp_path / "one", log=LOG)
+    two = train_distributed(_cfg(tiny_model_dir, **kw, distributed={"world_size": 2, "backend": "gloo"}),
+                            tiny_model_dir, seqs, tmp_path / "two", log=LOG)
+    mb1 = train(_cfg(tiny_model_dir, **{**kw, "micro_batch_size": 1}), tiny_model_dir, seqs, tmp_path / "mb1", log=LOG)
+    a1, a2, a3 = _adapter(one.adapter_dir), _adapter(two.adapter_dir), _adapter(mb1.adapter_dir)
+    init = Trainer(_cfg(tiny_model_dir, **kw), tiny_model_dir, log=LOG).save_adapter(tmp_path / "init")
+    assert _max_diff(a1, _adapter(init)) > lr  # trained: the bound is not vacuous
+    assert _max_diff(a1, a2) <= 2 * lr  # the documented bound
+    far = sum(int(((a1[k] - a2[k]).abs() > lr / 2).sum()) for k in a1)
+    total = sum(v.numel() for v in a1.values())
+    assert far <= total // 100, (far, total)  # a few weights, not the adapter: 25 of 16,384 measured
+    assert _max_diff(a1, a3) > 1e-4  # one process with other shapes differs as much: bf16, not the ranks
+
+
 @pytest.mark.slow
 def test_torchrun_ranks_follow_rank_0_and_train_the_one_process_adapter(one_and_two, tiny_model_dir):
     import subprocess
@@ -202,6 +248,31 @@ def test_cli_train_needs_torchrun_and_run_refuses_to_run_once_per_torchrun_proce
     monkeypatch.setenv("WORLD_SIZE", "2")
     r = CliRunner().invoke(app, ["run", "-c", "configs/default.yaml"])
     assert r.exit_code == 2 and "use `torchrun ... harnessrl train`" in r.output
+
+
+def test_cli_train_refuses_a_world_size_torchrun_did_not_start_before_freeze(monkeypatch, tmp_path):
+    # every rank stops in one line, before the pipeline runs anything (no run folder is made)
+    from typer.testing import CliRunner
+
+    import flows.pipeline
+    from flows.cli import app
+    from tasks.train import distributed as D
+
+    ran = []  # what would have run: the pipeline, joining the group, following rank 0
+    monkeypatch.setattr(flows.pipeline, "through_train", lambda *a, **k: ran.append("pipeline"))
+    monkeypatch.setattr(D, "join", lambda *a, **k: ran.append("join"))
+    monkeypatch.setattr(D, "follow", lambda *a, **k: ran.append("follow") or 0)
+    monkeypatch.setattr(D, "finish", lambda *a, **k: None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        r = CliRunner().invoke(app, ["train", "-c", "configs/default.yaml", "--run-dir", str(tmp_path / "run"),
+                                     "--set", "train.distributed.world_size=3"])
+        assert r.exit_code == 2, r.output
+        assert r.output.strip().splitlines() == [
+            "configs/default.yaml: train.distributed.world_size=3 but torchrun started 2 processes (WORLD_SIZE); "
+            "set train.distributed.world_size: 2"]
+    assert not ran and not (tmp_path / "run").exists()
 
 
 # ---- FSDP: the base weights sharded over the ranks --------------------------------------------------

@@ -59,15 +59,22 @@ def test_frozen_run_with_dropout_on_cuda_resumes_with_the_cuda_generators(tiny_m
     assert sha256_dir(tmp_path / "resumed") == sha256_dir(tmp_path / "full")
 
 
-def test_dropout_draws_random_numbers_so_the_matrix_tests_the_streams(tiny_model_dir, tmp_path):
-    # with dropout 0.1 another CPU generator state gives another adapter: the resume tests above
-    # compare something the random streams decide
-    cfg = _frozen_cfg(tiny_model_dir, 0.1)
+@pytest.mark.parametrize("dropout", DROPOUT)
+def test_the_random_streams_decide_the_step_only_with_dropout(tiny_model_dir, dropout):
+    # the resume tests compare something the CPU generator decides when dropout is on (and only then):
+    # one step from the same weights and batch, with two generator states
+    from tasks.train.trainer import Trainer
+
+    cfg = _frozen_cfg(tiny_model_dir, dropout)
     seqs = _seqs(n=6, group=2)
-    a = train(cfg, tiny_model_dir, seqs, tmp_path / "a", log=_quiet)
-    cfg_other = cfg.model_copy(update={"seed": cfg.seed + 1})
-    b = train(cfg_other, tiny_model_dir, seqs, tmp_path / "b", log=_quiet)
-    assert a.steps[0]["loss"] != b.steps[0]["loss"]
+    after = []
+    for seed in (1, 2):
+        tr = Trainer(cfg, tiny_model_dir, log=_quiet)
+        b = tr.new_batch(seqs)
+        torch.manual_seed(seed)
+        tr.step(b, b.layout[0])
+        after.append(torch.cat([p.detach().flatten() for p in tr.params]))
+    assert torch.equal(after[0], after[1]) == (dropout == 0.0)
 
 
 # ---- online: the hf engine samples each batch with the trainer's current weights ---------------------
