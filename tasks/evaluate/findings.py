@@ -50,7 +50,8 @@ def verdict(claim: str, estimate: float | None, ci_low: float | None, ci_high: f
             return "reproduced", f"interval {iv} above 0{ctl}"
         if ci_high < margin:
             return "not reproduced", f"interval {iv} below the smallest effect of interest {margin:+.3f}"
-        return "inconclusive", f"interval {iv} includes 0 and reaches {margin:+.3f}"
+        return "inconclusive", (f"interval {iv} includes 0" + (f" and reaches the margin {margin:+.3f}" if margin > 0
+                                                                else ""))
     if claim == "no_increase":
         if ci_high <= margin:
             return "reproduced", f"interval {iv} at most the margin {margin:+.3f}"
