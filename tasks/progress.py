@@ -4,7 +4,8 @@ lines through Prefect's run logger (inside a flow or task run) or the ``harnessr
 (outside one), so a run's progress shows in the Prefect UI too.
 
 The bar is drawn only when stderr is a TTY and ``HARNESSRL_PROGRESS`` is not ``0``; log lines are
-written at most every ``log_every_s`` seconds (and at the end), never per item, each with an ETA.
+written every ``log_every_s`` seconds whether or not a unit was done meanwhile (and at the end),
+never per item, each with an ETA.
 
 A policy engine reports the requests of one ``generate`` call as they complete with
 :func:`requests_done`; whoever called ``generate`` inside :func:`on_requests_done` hears of them
@@ -100,7 +101,8 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
         desc: what is being done, e.g. ``"rollout shards"``.
         total: the number of units (>= 0).
         unit: the units' name in log lines (``shards``, ``steps``, ``episodes``).
-        log_every_s: seconds between log lines (a line is always written at the end).
+        log_every_s: seconds between log lines (a line is always written at the end); a background
+            thread writes one when that long passed without a unit done.
 
     ``advance`` may be called from several threads (the thread runner's shards).
 
@@ -134,21 +136,38 @@ def progress(desc: str, total: int, unit: str = "items", log_every_s: float = 10
         bar.start()
         task_id = bar.add_task(desc, total=total)
 
-    def advance(n: int = 1) -> None:
+    def note(force: bool) -> None:  # under the lock
         nonlocal last
+        now = time.monotonic()
+        if (force or now - last >= log_every_s) and done[0] < total:
+            last = now
+            logger.info("%s: %d/%d %s (%.0f s, %s)", desc, done[0], total, unit, now - t0,
+                        eta(done[0], total, now - t0))
+
+    def advance(n: int = 1) -> None:
         with lock:
             done[0] += n
             if bar is not None:
                 bar.update(task_id, advance=n)
-            now = time.monotonic()
-            if now - last >= log_every_s and done[0] < total:
-                last = now
-                logger.info("%s: %d/%d %s (%.0f s, %s)", desc, done[0], total, unit, now - t0,
-                            eta(done[0], total, now - t0))
+            note(False)
 
+    stop = threading.Event()
+
+    def heartbeat() -> None:  # a line at least every log_every_s, whether or not a unit was done
+        while not stop.wait(max(0.05, log_every_s - (time.monotonic() - last))):
+            with lock:
+                if time.monotonic() - last >= log_every_s:
+                    note(True)
+
+    beat = threading.Thread(target=heartbeat, name=f"progress-{desc}", daemon=True)
+    if log_every_s > 0:  # 0: a line per advance already
+        beat.start()
     try:
         yield advance
     finally:
+        stop.set()
+        if beat.is_alive():
+            beat.join()
         if bar is not None:
             bar.stop()
             if console is not None:

@@ -4,25 +4,31 @@ One log per (checkpoint, evaluation harness) of the plan, ``evaluate/inspect/<ch
 ``inspect view --log-dir RUN/evaluate/inspect`` and :func:`inspect_ai.log.read_eval_log` open a
 sealed run without harnessrl's code:
 
-- ``eval`` (:class:`~inspect_ai.log.EvalSpec`): task ``<run>/<harness>``, model
-  ``harnessrl/<policy model>@<checkpoint>``, ``run_id`` = the plan hash, dataset = the plan's
+- ``eval`` (:class:`~inspect_ai.log.EvalSpec`): task ``<run>/<harness>``, ``task_id``
+  ``<run>.<harness>.<checkpoint>`` (Inspect View takes logs sharing a task_id for retries of one
+  another and lists only the newest), model ``harnessrl/<policy model>@<checkpoint>`` (a model
+  folder path by its last part), ``run_id`` = the plan hash, dataset = the plan's
   records under the harness, ``config.epochs`` = the plan's attempts, package versions and the git
   revision; ``metadata`` holds the seal: ``plan_hash``, ``chain_head`` (the last sealed row's
   ``seal_hash``), the checkpoint's ``adapter_sha256``, the harness's ``harness_id`` and whether it
   is held out.
 - one :class:`~inspect_ai.log.EvalSample` per planned attempt, by its final outcome
   (:func:`tasks.evaluate.stats.final_attempts`): ``id`` = task_id, ``epoch`` = attempt + 1,
-  ``messages`` = the harness's system prompt, the task instruction, then each turn's completion and
-  the observation the engine sent back; ``output`` = the final answer; ``scores`` ``resolved``
-  ("C"/"I", Inspect's correct/incorrect) and ``reward`` for a graded attempt (a timeout is a graded
+  ``target`` = the task's reference answer, or the tests its verifier runs (:func:`target_of`;
+  the logs are written after the seal, from the frozen tasks), ``messages`` = the harness's system
+  prompt, the task instruction, then each turn's completion and the observation the engine sent
+  back; ``events`` = one ``ModelEvent`` per turn (its input messages, its completion, prompt and
+  completion token counts from the turn rows; no timing: the turns carry none); ``output`` = the
+  final answer; ``scores`` ``resolved`` ("C"/"I", Inspect's correct/incorrect) and ``reward``,
+  each with an explanation (:func:`explanation`), for a graded attempt (a timeout is a graded
   failure), none and ``error`` set for a final ``infra_error``; ``metadata`` = the sealed row's
   ``eval_id``, ``seq``, ``seal_hash``, ``prev_hash``, ``status``, ``retry`` (and the eval_ids it
-  replaced), ``seed``, ``num_turns``, ``output_tokens``. ``target`` is empty: the verifier's
-  reference never leaves the sealed task.
+  replaced), ``seed``, ``num_turns``, ``output_tokens``.
 - ``results``: the cell's pass@1 and pass@K from ``eval_cells`` as the ``resolved`` scorer's metrics
-  (none when the cell does not count), and ``accuracy`` = resolved / graded samples.
+  (none when the cell does not count), and ``accuracy`` = resolved / graded samples; the ``reward``
+  score's ``mean`` (and ``stderr``) over the graded samples.
 
-Timestamps (``eval.created``, ``stats``) are the time of writing: the logs are the one evaluate
+Timestamps (``eval.created``, ``stats``, the model events') are the time of writing: the logs are the one evaluate
 output that is not byte-identical across re-runs; every sealed value in them is
 (:func:`tasks.evaluate.exports.check_inspect_logs` compares them with the rows).
 """
@@ -46,7 +52,8 @@ TurnSource = Union[list[dict[str, Any]], Callable[[set[str]], list[dict[str, Any
 
 INSPECT_DIR = "evaluate/inspect"
 # the turns columns a log is built from (``_messages``)
-TURN_COLUMNS = ("episode_id", "turn_idx", "completion_text", "observation")
+TURN_COLUMNS = ("episode_id", "turn_idx", "completion_text", "observation", "prompt_continues", "prompt_added_ids",
+                "completion_token_ids", "finish_reason")
 SCORER = "harnessrl_verifier"
 
 
@@ -62,19 +69,83 @@ def log_path(checkpoint: str, harness: str) -> str:
 def _messages(eval_id: str, system: str, instruction: str, turns: list[dict[str, Any]]) -> list[Any]:
     """The attempt as chat messages; ids ``<eval_id>-m<i>`` (Inspect would draw random ones; given
     to the constructor, no random one is drawn first)."""
-    from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
+    return _transcript(eval_id, system, instruction, turns, "")[0]
+
+
+def _prompt_tokens(turns: list[dict[str, Any]]) -> list[int]:
+    """Each turn's prompt length in tokens, rebuilt from the stored turns as
+    :func:`tasks.rollout.turns.episode_prompts` does (a turn that continues adds its tokens to the
+    previous prompt + completion; one that does not stores its whole prompt)."""
+    out: list[int] = []
+    for i, t in enumerate(turns):
+        added = len(t.get("prompt_added_ids") or [])
+        if t.get("prompt_continues") and i > 0:
+            out.append(out[-1] + len(turns[i - 1].get("completion_token_ids") or []) + added)
+        else:
+            out.append(added)
+    return out
+
+
+def _transcript(eval_id: str, system: str, instruction: str, turns: list[dict[str, Any]], model: str,
+                when: str = "") -> tuple[list[Any], list[Any]]:
+    """The attempt's chat messages and one Inspect ``ModelEvent`` per turn (its input messages,
+    its completion with the prompt and completion token counts, its stop reason). ``when`` is the
+    events' timestamp (the time of writing: the turns carry no times)."""
+    from inspect_ai.event import ModelEvent
+    from inspect_ai.model import (ChatMessageAssistant, ChatMessageSystem, ChatMessageUser, GenerateConfig,
+                                  ModelOutput, ModelUsage)
 
     def mid() -> str:
         return f"{eval_id[:16]}-m{len(out)}"
 
     out: list[Any] = []
+    events: list[Any] = []
     out.append(ChatMessageSystem(content=system, id=mid()))
     out.append(ChatMessageUser(content=instruction, id=mid()))
-    for t in sorted(turns, key=lambda t: t["turn_idx"]):
-        out.append(ChatMessageAssistant(content=t["completion_text"] or "", model=None, id=mid()))
+    turns = sorted(turns, key=lambda t: t["turn_idx"])
+    for t, n_in in zip(turns, _prompt_tokens(turns)):
+        before = list(out)
+        reply = ChatMessageAssistant(content=t["completion_text"] or "", model=None, id=mid())
+        out.append(reply)
+        if model:
+            n_out = len(t.get("completion_token_ids") or [])
+            output = ModelOutput.from_message(reply, stop_reason="max_tokens" if t.get("finish_reason") == "length"
+                                              else "stop")
+            output.model = model
+            output.usage = ModelUsage(input_tokens=n_in, output_tokens=n_out, total_tokens=n_in + n_out)
+            events.append(ModelEvent(model=model, input=before, tools=[], tool_choice="none", config=GenerateConfig(),
+                                     output=output, uuid=f"{eval_id[:16]}-e{len(events)}", working_start=0.0,
+                                     **({"timestamp": when} if when else {})))
         if t.get("observation"):
             out.append(ChatMessageUser(content=t["observation"], id=mid()))
-    return out
+    return out, events
+
+
+def target_of(task: dict[str, Any]) -> str:
+    """What a sample is graded against, for a reader: the reference answer of an answer task, else
+    the tests its verifier runs (``test``/``tests`` of the verifier spec), else the spec itself."""
+    import json
+
+    spec = task.get("verifier_spec") or "{}"
+    spec = json.loads(spec) if isinstance(spec, str) else spec
+    if "answer" in spec:
+        return str(spec["answer"])
+    for key in ("test", "tests"):
+        if spec.get(key):
+            return str(spec[key])
+    return json.dumps({k: v for k, v in spec.items() if not k.endswith("_b64")}, sort_keys=True)[:4000]
+
+
+def explanation(row: dict[str, Any], task: dict[str, Any]) -> str:
+    """Why the sealed attempt scored what it did: the parsed final answer against the expected one
+    (answer tasks), or the verifier's verdict on the tests (workspace tasks)."""
+    verdict = "correct" if row["resolved"] else ("timed out" if row["status"] == "timeout" else "incorrect")
+    answer = row["final_answer"] or ""
+    if task.get("environment") == "answer":
+        return (f"{verdict}: parsed answer {answer!r} vs expected {target_of(task)!r} "
+                f"(reward {float(row['reward']):g}, {row['num_turns']} turn(s))")
+    return (f"{verdict}: the {task.get('verifier_kind', 'verifier')} tests gave reward {float(row['reward']):g} "
+            f"for the submitted files ({row['num_turns']} turn(s), status {row['status']})")
 
 
 def _output(model: str, row: dict[str, Any]) -> Any:
@@ -141,7 +212,7 @@ def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, An
     plan, p_hash, run_name, finals, now = sh.plan, sh.p_hash, sh.run_name, sh.finals, sh.now
     tasks, systems, replaced, held = sh.tasks, sh.systems, sh.replaced, sh.held
     recs = [p for p in plan["records"] if p["harness_name"] == h]
-    model = f"harnessrl/{plan['policy']['model']}@{ck['name']}"
+    model = model_name(plan["policy"]["model"], ck["name"])
     samples = []
     keys = sh.keys(ck["name"], h)
     by_ep: dict[str, list[dict[str, Any]]] = {}
@@ -150,13 +221,18 @@ def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, An
     for key in keys:
         r = finals[key]
         graded = r["status"] in GRADED
+        task = tasks[r["task_id"]]
+        messages, events = _transcript(r["eval_id"], systems[h], task["instruction"], by_ep.get(r["eval_id"], []),
+                                       model, now)
+        usage = _usage(events)
         samples.append(EvalSample(
-            id=r["task_id"], epoch=r["attempt"] + 1, input=tasks[r["task_id"]]["instruction"], target="",
-            messages=_messages(r["eval_id"], systems[h], tasks[r["task_id"]]["instruction"], by_ep.get(r["eval_id"], [])),
+            id=r["task_id"], epoch=r["attempt"] + 1, input=task["instruction"], target=target_of(task),
+            messages=messages, events=events, model_usage={model: usage} if usage else {},
             output=_output(model, r),
             scores={"resolved": Score(value="C" if r["resolved"] else "I", answer=r["final_answer"] or "",
-                                      metadata={"status": r["status"]}),
-                    "reward": Score(value=float(r["reward"]))} if graded else None,
+                                      explanation=explanation(r, task), metadata={"status": r["status"]}),
+                    "reward": Score(value=float(r["reward"]), answer=r["final_answer"] or "",
+                                    explanation=explanation(r, task))} if graded else None,
             error=None if graded else EvalError(message=f"infrastructure error (sealed row {r['seq']}, not "
                                                         "graded: left out of every denominator)",
                                                 traceback="", traceback_ansi=""),
@@ -172,11 +248,20 @@ def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, An
     for name in ("pass_at_1", "pass_at_k"):
         if c.get(name) is not None:
             metrics[name] = EvalMetric(name=name, value=float(c[name]))
+    rewards = [float(s.scores["reward"].value) for s in samples if s.scores]
+    reward_metrics = {"mean": EvalMetric(name="mean", value=sum(rewards) / len(rewards) if rewards else 0.0)}
+    if len(rewards) > 1:
+        m = reward_metrics["mean"].value
+        var = sum((x - m) ** 2 for x in rewards) / (len(rewards) - 1)
+        reward_metrics["stderr"] = EvalMetric(name="stderr", value=(var / len(rewards)) ** 0.5)
+    total = _usage([e for smp in samples for e in (smp.events or [])])
     log = EvalLog(
         version=2, status="success",
         eval=EvalSpec(
             eval_id=p_hash[:16] + "-" + _safe(f"{ck['name']}.{h}"), run_id=p_hash, created=now,
-            task=f"{run_name}/{h}", task_id=_safe(f"{run_name}.{h}"),
+            # one task_id per (checkpoint, harness): Inspect View takes logs sharing a task_id for
+            # retries of one another and lists only the newest
+            task=f"{run_name}/{h}", task_id=_safe(f"{run_name}.{h}.{ck['name']}"),
             dataset=EvalDataset(name=run_name, samples=len(recs), sample_ids=sorted(p["task_id"] for p in recs)),
             model=model, config=EvalConfig(epochs=int(plan["attempts"])), packages=sh.packages,
             revision=EvalRevision(**sh.revision) if sh.revision else None,
@@ -189,11 +274,33 @@ def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, An
             EvalScore(name="resolved", scorer=SCORER, scored_samples=n_graded,
                       unscored_samples=len(samples) - n_graded, metrics=metrics,
                       metadata={"counted": bool(c.get("counted")), "graded_fraction": c.get("graded_fraction"),
-                                "k": c.get("k")})]),
-        stats=EvalStats(started_at=now, completed_at=now),
+                                "k": c.get("k")}),
+            EvalScore(name="reward", scorer=SCORER, scored_samples=n_graded,
+                      unscored_samples=len(samples) - n_graded, metrics=reward_metrics)]),
+        stats=EvalStats(started_at=now, completed_at=now, model_usage={model: total} if total else {}),
         samples=samples,
     )
     return log
+
+
+def model_name(model: str, checkpoint: str) -> str:
+    """The Inspect model name ``harnessrl/<model>@<checkpoint>``; a model given as a folder path
+    is named by its last part (a path would give ``harnessrl//abs/path``)."""
+    name = model.rstrip("/").rsplit("/", 1)[-1] if "/" in model else model
+    return f"harnessrl/{_safe(name)}@{checkpoint}"
+
+
+def _usage(events: list[Any]) -> Any:
+    """The summed ``ModelUsage`` of ``events`` (None without any)."""
+    from inspect_ai.model import ModelUsage
+
+    usages = [e.output.usage for e in events if getattr(e, "output", None) is not None and e.output.usage]
+    if not usages:
+        return None
+    total = ModelUsage()
+    for u in usages:
+        total = total + u
+    return total
 
 
 # at least this many samples before the logs are written by a pool of processes: a worker's start

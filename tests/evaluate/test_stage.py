@@ -185,6 +185,11 @@ def test_inspect_logs_read_back_with_inspect_and_match_the_seal(sealed):
     plan = store.read_json(PLAN)
     ph = store.read_bytes("evaluate/plan.sha256").decode().strip()
     finals = final_attempts(rows)
+    by_task = {t["task_id"]: t for t in store.rows(refs["tasks"])}
+    turns_by_ep: dict[str, list] = {}
+    for t in store.rows(out["eval_turns"]):
+        turns_by_ep.setdefault(t["episode_id"], []).append(t)
+    task_ids: list[str] = []
     names = sorted(p.rsplit("/", 1)[-1] for p in store.list_files("evaluate/inspect"))
     assert names == sorted(f"{c['name']}.{h}.eval" for c in plan["checkpoints"] for h in plan["harnesses"])
     for ck in plan["checkpoints"]:
@@ -207,13 +212,45 @@ def test_inspect_logs_read_back_with_inspect_and_match_the_seal(sealed):
                     assert s.scores["resolved"].value == ("C" if r["resolved"] else "I")
                     assert s.scores["reward"].value == r["reward"]
                     assert s.messages[0].role == "system" and s.messages[1].content == s.input
+                    # why: the parsed answer against the expected one
+                    expected = json.loads(by_task[s.id]["verifier_spec"])["answer"]
+                    assert s.target == expected
+                    assert s.scores["resolved"].explanation.startswith(
+                        f"{'correct' if r['resolved'] else ('timed out' if r['status'] == 'timeout' else 'incorrect')}"
+                        f": parsed answer {r['final_answer'] or ''!r} vs expected {expected!r}")
+                # one model event per turn, with the turn's prompt and completion token counts
+                ep_turns = sorted(turns_by_ep.get(r["eval_id"], []), key=lambda t: t["turn_idx"])
+                assert [e.event for e in s.events] == ["model"] * len(ep_turns) and len(ep_turns) == r["num_turns"]
+                n_in = 0
+                for e, t, prev in zip(s.events, ep_turns, [None, *ep_turns]):
+                    n_in = (n_in + len(prev["completion_token_ids"]) if t["prompt_continues"] else 0) \
+                        + len(t["prompt_added_ids"])
+                    assert (e.output.usage.input_tokens, e.output.usage.output_tokens) == (
+                        n_in, len(t["completion_token_ids"]))
+                    assert e.output.completion == t["completion_text"] and e.model == log.eval.model
+                assert sum(e.output.usage.output_tokens for e in s.events) == r["output_tokens"]
             cell = next(c for c in store.rows(out["eval_cells"]) if c["kind"] == "cell"
                         and (c["checkpoint"], c["harness_name"]) == (ck["name"], h))
             metrics = log.results.scores[0].metrics
             if cell["counted"]:
                 assert metrics["pass_at_1"].value == pytest.approx(cell["pass_at_1"])
+            graded = [r for r in want.values() if r["status"] != "infra_error"]
+            reward = log.results.scores[1]
+            assert reward.name == "reward" and reward.metrics["mean"].value == pytest.approx(
+                sum(r["reward"] for r in graded) / len(graded))
+            # a log per (checkpoint, harness) in Inspect View's eyes: no two share a task_id
+            task_ids.append(log.eval.task_id)
+            assert log.eval.model == f"harnessrl/{cfg.policy.model}@{ck['name']}"
+    assert len(set(task_ids)) == len(task_ids) == len(plan["checkpoints"]) * len(plan["harnesses"])
     assert any(r["retry"] for r in rows)  # the fixture has retried infra errors: replaced rows are not samples
     assert check_inspect_logs(store.url) == []
+
+
+def test_inspect_model_name_of_a_model_path():
+    from tasks.evaluate.inspect_log import model_name
+
+    assert model_name("/tmp/models/tiny-llama/", "base") == "harnessrl/tiny-llama@base"
+    assert model_name("smollm2-135m-instruct", "step-15") == "harnessrl/smollm2-135m-instruct@step-15"
 
 
 def test_a_pool_of_export_processes_writes_the_logs_this_process_writes(sealed, tmp_path):
@@ -267,6 +304,14 @@ def test_check_inspect_logs_names_a_forged_sample(sealed, tmp_path):
     assert result.exit_code == 1 and "Inspect logs" in result.output
 
 
+def _timeless(sample):
+    """A sample's fields but its model events' timestamps (the time of writing, as the log's own)."""
+    d = sample.model_dump()
+    for e in d["events"]:
+        e.pop("timestamp")
+    return d
+
+
 def test_reruns_are_byte_identical(sealed, tmp_path):
     _, store, _, out, *_ = sealed
     _, store2, _, out2, *_ = _run(tmp_path)
@@ -277,7 +322,7 @@ def test_reruns_are_byte_identical(sealed, tmp_path):
 
     for rel in store.list_files("evaluate/inspect"):
         a, b = (read_eval_log(f"{st.root}/{rel}") for st in (store, store2))
-        assert [x.model_dump() for x in a.samples] == [x.model_dump() for x in b.samples]
+        assert [_timeless(x) for x in a.samples] == [_timeless(x) for x in b.samples]
         assert a.eval.metadata == b.eval.metadata and a.results == b.results
 
 

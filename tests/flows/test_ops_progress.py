@@ -37,9 +37,37 @@ def test_logs_outside_a_run_and_no_bar_off_a_tty(monkeypatch):
         P._log.removeHandler(keep)
         P._log.setLevel(old_level)
     msgs = [r.getMessage() for r in keep.records]
-    assert msgs[:2] == ["rollout episodes: 2/6 episodes (0 s)", "rollout episodes: 4/6 episodes (0 s)"]
+    assert msgs[0].startswith("rollout episodes: 2/6 episodes (0 s, ETA ")
+    assert msgs[1].startswith("rollout episodes: 4/6 episodes (0 s, ETA ")
     assert msgs[-1].startswith("rollout episodes: 6/6 episodes in ")
     assert len(msgs) == 3  # no periodic line once the work is done; one final line
+
+
+def test_a_line_every_log_every_s_while_nothing_is_done(monkeypatch):
+    """A long unit (one vLLM batch) still gives a line per period: the count so far and its ETA."""
+    import time
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    keep = _Keep()
+    P._log.addHandler(keep)
+    old_level = P._log.level
+    P._log.setLevel(logging.INFO)
+    monkeypatch.setattr(P._log, "disabled", False)
+    try:
+        with P.progress("rollout", 4, "turn slots", log_every_s=0.2) as advance:
+            time.sleep(0.7)  # nothing done: heartbeat lines, about 3
+            before = len(keep.records)
+            advance(1)
+            time.sleep(0.5)  # more, with the count and an ETA
+    finally:
+        P._log.removeHandler(keep)
+        P._log.setLevel(old_level)
+    msgs = [r.getMessage() for r in keep.records]
+    assert before >= 2 and all(m.startswith("rollout: 0/4 turn slots (") and m.endswith(", ETA ?)")
+                               for m in msgs[:before]), msgs
+    after = msgs[before:-1]
+    assert after and all(m.startswith("rollout: 1/4 turn slots (") and "ETA ?" not in m for m in after), msgs
+    assert msgs[-1].startswith("rollout: 1/4 turn slots in ")
 
 
 def test_bar_on_a_tty_and_env_switch(monkeypatch):
