@@ -90,3 +90,15 @@ def tiny_model(folder: str | Path) -> Path:
     from tasks.rollout.models import build_tiny_model
 
     return build_tiny_model(Path(folder), seed=0)
+
+
+def placeholder_episode(records: list[dict]) -> dict:
+    """One episode row of the first train record: the rollout artifact a benchmark that trains
+    online or evaluates alone still has to hand its stage (an ``episodes`` artifact may not be
+    empty); the stages only pass it through their leakage guard."""
+    rec = next(r for r in records if r["split"] == "train")
+    return {"episode_id": "placeholder", "record_id": rec["record_id"], "task_id": rec["task_id"],
+            "task_hash": rec["task_hash"], "harness_id": rec["harness_id"], "harness_name": rec["harness_name"],
+            "split": "train", "policy_id": "p", "policy_version": 0, "group_id": "g", "sample_idx": 0, "seed": 0,
+            "reward": 0.0, "success": False, "status": "ok", "stop_reason": "submitted", "num_turns": 1,
+            "input_tokens": 1, "output_tokens": 1, "final_answer": "", "answer_parsed": False}

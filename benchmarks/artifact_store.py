@@ -28,7 +28,7 @@ def _rows(n: int) -> list[dict]:
         "harness_id": "H" if i % 2 else "G", "harness_name": "direct" if i % 2 else "react-python", "split": "train",
         "policy_id": "p", "policy_version": 0, "group_id": f"g{i // 8}", "sample_idx": i % 8, "seed": i,
         "reward": (i % 3) / 2, "success": i % 3 == 2, "status": "ok", "num_turns": 1 + i % 3,
-        "input_tokens": 100 + i % 50, "output_tokens": 60, "final_answer": str(i % 97),
+        "input_tokens": 100 + i % 50, "output_tokens": 60, "final_answer": str(i % 97), "answer_parsed": i % 5 > 0,
     } for i in range(n)]
 
 

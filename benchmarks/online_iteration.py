@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import report  # noqa: E402
+from _results import placeholder_episode, report  # noqa: E402
 
 ARMS = [("hf", 0), ("vllm", 0), ("vllm", 1)]
 
@@ -60,7 +60,7 @@ def run_arm(model: str, engine: str, staleness: int, iters: int, prompts: int, g
     tasks, harnesses, records = freeze_tables(cfg)
     refs = {"tasks": store.write("freeze", "tasks", tasks), "harnesses": store.write("freeze", "harnesses", harnesses),
             "records": store.write("freeze", "records", records)}
-    refs["episodes"] = store.write("rollout", "episodes", [], contract="episodes")
+    refs["episodes"] = store.write("rollout", "episodes", [placeholder_episode(records)], contract="episodes")
     refs["turns"] = store.write("rollout", "turns", [], contract="turns")
     t0 = time.perf_counter()
     out = run_train(store, cfg, refs)

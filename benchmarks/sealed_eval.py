@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _results import report  # noqa: E402
+from _results import placeholder_episode, report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="harnessrl-bench-sealed-") as tmp:
         store = ArtifactStore(Path(tmp) / "run")
         refs = {"tasks": store.write("freeze", "tasks", tasks), "harnesses": store.write("freeze", "harnesses", harnesses),
-                "records": store.write("freeze", "records", records), "episodes": store.write("rollout", "episodes", [])}
+                "records": store.write("freeze", "records", records), "episodes": store.write("rollout", "episodes", [placeholder_episode(records)])}
         ck_rows = [{"name": "base", "step": 0, "path": "", "adapter_sha256": "", "base_model_id": "m"}]
         for i, name in enumerate(arms, 1):
             d = Path(tmp) / name

@@ -44,7 +44,8 @@ def analyzed_folder(root: Path) -> tuple[str, int]:
         store.write_bytes(f"analyze/plots/{name}.png", png)
     report = render_report(ReportInputs(
         run_name="ui", config_hash="c" * 64, model="smollm2-135m-instruct", plan_hash="p" * 64, seal_head="s" * 64,
-        episodes=[{"harness_name": "direct", "reward": 1.0, "success": True, "num_turns": 1}], train_steps=steps,
+        episodes=[{"harness_name": "direct", "reward": 1.0, "success": True, "num_turns": 1, "answer_parsed": True}],
+        train_steps=steps,
         timing=[], eval_cells=[], eval_contrasts=[], mismatch=mismatch, predictors=preds, p1_points=points,
         leakage=leak, figures={n: f"plots/{n}.png" for n in figs}))
     store.write_text("analyze/report.md", report)
