@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.evaluate.stats import GRADED, _per_task, final_attempts, pass_at_k
+from tasks.evaluate.stats import graded_counts, pass_at_k
 from tasks.hashing import seed_from
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
@@ -61,17 +61,6 @@ def verdict(claim: str, estimate: float | None, ci_low: float | None, ci_high: f
     raise ValueError(f"finding claim {claim!r} is not 'increase' or 'no_increase'")
 
 
-def _task_rates(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
-    """Per (checkpoint, harness): per task, the resolved share of its graded final attempts."""
-    out: dict[tuple[str, str], dict[str, float]] = {}
-    for key, tasks in _per_task(final_attempts(rows)).items():
-        for t, rs in tasks.items():
-            g = [r for r in rs if r["status"] in GRADED]
-            if g:
-                out.setdefault(key, {})[t] = sum(r["resolved"] for r in g) / len(g)
-    return out
-
-
 def spread_gap(rates: np.ndarray) -> float:
     """How much more the harness moves pass@1 than the checkpoint does.
 
@@ -111,15 +100,10 @@ def p1_cells(rows: list[dict[str, Any]], cells: list[dict[str, str]], k: int, re
     ``gain`` = pass@1(checkpoint) - pass@1(reference) and ``return`` = pass@1(checkpoint), each
     pass@1 the mean over tasks of resolved / graded final attempts. Float arrays ``[len(cells)]``;
     NaN where a cell has no graded task."""
-    per = _per_task(final_attempts(rows))
+    counts = graded_counts(rows)
 
     def graded(ck: str, h: str) -> list[tuple[int, int]]:
-        out = []
-        for rs in per.get((ck, h), {}).values():
-            g = [r for r in rs if r["status"] in GRADED]
-            if g:
-                out.append((len(g), sum(r["resolved"] for r in g)))
-        return out
+        return list(counts.get((ck, h), {}).values())
 
     cols: dict[str, list[float]] = {"C": [], "M": [], "gain": [], "return": []}
     for cell in cells:
@@ -157,7 +141,7 @@ def finding_table(rows: list[dict[str, Any]], plan: dict[str, Any], contrasts: l
     m = max(len(specs), 1)
     level = 1.0 - plan["alpha"] / m
     by_name = {c["name"]: c for c in contrasts}
-    rates = _task_rates(rows)
+    rates = {key: {t: c / n for t, (n, c) in tasks.items()} for key, tasks in graded_counts(rows).items()}
     out = []
     for f in specs:
         row: dict[str, Any] = {"name": f["name"], "paper": f["paper"], "headline": f["headline"],

@@ -66,6 +66,19 @@ def _per_task(finals: dict[tuple[str, str, str, int], dict[str, Any]]) -> dict[t
     return cells
 
 
+def graded_counts(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, tuple[int, int]]]:
+    """Per (checkpoint, harness_name), per task: ``(graded, resolved)`` over the final outcome of
+    each planned attempt (:func:`final_attempts`); tasks with no graded attempt are left out. A
+    task's success rate is ``resolved / graded``."""
+    out: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+    for key, tasks in _per_task(final_attempts(rows)).items():
+        for t, rs in tasks.items():
+            g = [r for r in rs if r["status"] in GRADED]
+            if g:
+                out.setdefault(key, {})[t] = (len(g), sum(r["resolved"] for r in g))
+    return out
+
+
 def cell_table(rows: list[dict[str, Any]], plan: dict[str, Any], min_graded_fraction: float) -> list[dict[str, Any]]:
     """Rows of the ``eval_cells`` artifact (schemas/contracts.py): the checkpoint x harness matrix.
 
@@ -223,15 +236,10 @@ def contrast_table(rows: list[dict[str, Any]], plan: dict[str, Any], cells: list
     m = len(contrasts)
     held = set(plan.get("held_out", []))
     counted = {(c["checkpoint"], c["harness_name"]): c["counted"] for c in cells if c["kind"] == "cell"}
-    per = _per_task(final_attempts(rows))
+    counts = graded_counts(rows)
 
     def scores(ck: str, h: str) -> dict[str, float]:
-        out = {}
-        for t, rs in per.get((ck, h), {}).items():
-            g = [r for r in rs if r["status"] in GRADED]
-            if g:
-                out[t] = sum(r["resolved"] for r in g) / len(g)
-        return out
+        return {t: c / n for t, (n, c) in counts.get((ck, h), {}).items()}
 
     out = []
     for c in contrasts:
