@@ -70,7 +70,7 @@ def main() -> None:
     from tasks.records.freeze import freeze_tables
     from tasks.rollout.fanout import PolicySource
     from tasks.rollout.harness import HarnessSpec  # noqa: F401  (import cost outside the timing)
-    from tasks.rollout.stage import run_records
+    from tasks.rollout.runner import run_records
 
     suites = args.suite or sorted(SUITES)
     harnesses = args.harness or shipped_harnesses()

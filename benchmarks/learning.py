@@ -179,7 +179,9 @@ def evaluate(config: str, overrides: dict[str, Any], adapters: list[str | None],
     from tasks.hashing import seed_from
     from tasks.rollout.engines.base import load_tokenizer
     from tasks.rollout.models import resolve_model
-    from tasks.rollout.stage import load_policy, run_records
+    from tasks.rollout.engines import load_policy
+
+    from tasks.rollout.runner import run_records
 
     cfg, tasks, specs, _train, test = _setup(config, overrides)
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)

@@ -78,7 +78,7 @@ def harness_vs_engine(args: argparse.Namespace, model: str) -> dict[str, Any]:
     from tasks.records.freeze import freeze_tables
     from tasks.rollout.fanout import episode_jobs
     from tasks.rollout.harness import run_episodes
-    from tasks.rollout.stage import load_policy
+    from tasks.rollout.engines import load_policy
 
     cfg = build_cfg(args, model)
     tasks, harnesses, records = freeze_tables(cfg)
@@ -137,7 +137,7 @@ def stage_runners(args: argparse.Namespace, model: str) -> dict[str, Any]:
     from tasks.hashing import canonical_json
     from tasks.records.freeze import freeze_tables
     from tasks.rollout.fanout import PolicySource
-    from tasks.rollout.stage import run_records
+    from tasks.rollout.runner import run_records
 
     out: dict[str, Any] = {}
     if any(r != "serial" for r in args.runners):  # outside a flow the first task run starts a local Prefect API

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> dict:
     from schemas import ArtifactStore
     from tasks.config import RunConfig
     from tasks.evaluate.scripted import ScriptedRunner
-    from tasks.evaluate.stage import run_evaluate, verify_run
+    from tasks.evaluate.stage import run_evaluate
+    from tasks.evaluate.verify import verify_run
     from tasks.hashing import sha256_dir
     from tasks.records.freeze import freeze_tables
 

@@ -101,7 +101,9 @@ def main() -> None:
     from tasks.harnesses.spec import HarnessSpec
     from tasks.records.freeze import freeze_tables
     from _results import tiny_model
-    from tasks.rollout.stage import load_policy, run_records
+    from tasks.rollout.engines import load_policy
+
+    from tasks.rollout.runner import run_records
 
     families = args.family or sorted(FAMILIES)
     harnesses = args.harness or answer_harnesses()

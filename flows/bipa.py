@@ -19,8 +19,7 @@ def bipa_task(run_dir: str, cfg: BipaRunConfig, frozen: dict[str, ArtifactRef]) 
     """Load the policy (and the proposer, when ``bipa.proposer`` names another engine), run
     :func:`tasks.bipa.optimizer.run_bipa`, and close the engines."""
     from tasks.bipa.optimizer import run_bipa
-    from tasks.rollout.fanout import _close
-    from tasks.rollout.stage import load_policy
+    from tasks.rollout.engines import close_policy, load_policy
 
     policy = load_policy(cfg)
     proposer = None
@@ -29,9 +28,9 @@ def bipa_task(run_dir: str, cfg: BipaRunConfig, frozen: dict[str, ArtifactRef]) 
             proposer = load_policy(cfg.model_copy(update={"policy": cfg.bipa.proposer}))
         return run_bipa(ArtifactStore(run_dir), cfg, frozen, policy, proposer)
     finally:
-        _close(policy)
+        close_policy(policy)
         if proposer is not None:
-            _close(proposer)
+            close_policy(proposer)
 
 
 @flow(name="harnessrl-bipa", flow_run_name=flow_run_namer())

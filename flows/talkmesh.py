@@ -17,7 +17,7 @@ from tasks.talkmesh.config import TalkMeshRunConfig
 def talkmesh_task(run_dir: str, cfg: TalkMeshRunConfig, frozen: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
     """:func:`tasks.talkmesh.run.run_talkmesh` with the run's policy engine (base, then with the
     trained talk adapter)."""
-    from tasks.rollout.stage import load_policy
+    from tasks.rollout.engines import load_policy
     from tasks.talkmesh.run import run_talkmesh
 
     return run_talkmesh(ArtifactStore(run_dir), cfg, frozen, lambda adapter: load_policy(cfg, adapter))

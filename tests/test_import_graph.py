@@ -1,9 +1,24 @@
 """The package's import graph, every import counted (module level and inside functions), built by
-grimp: no cycles, and the cores never import an application.
+grimp: no cycles, the cores never import an application, no import runs back up the layers, and a
+stage's module (``tasks/<stage>/stage.py``) is a door that only the flows, the benchmarks and the
+tests open.
 
-The cores are the stages' packages (records, rollout, train, evaluate) and ``schemas``; the
-applications (TalkMesh, BiPA) plug into them through :mod:`tasks.rollout.loop_plugins` and the
-contract registry instead.
+The layers, lowest first (a module may import its own layer and those below it):
+
+| rank | packages |
+| --- | --- |
+| 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``) |
+| 1 | ``tasks.harnesses`` |
+| 2 | ``tasks.config`` |
+| 3 | ``tasks.rollout``, ``tasks.records`` (one rank: the verifiers run in the rollout's sandbox and browser, and the rollout grades with the verifiers) |
+| 4 | ``tasks.train`` |
+| 5 | ``tasks.evaluate`` |
+| 6 | ``tasks.analysis`` |
+| 7 | the applications: ``tasks.talkmesh``, ``tasks.bipa`` |
+| 8 | ``flows`` |
+
+The applications plug into the cores through :mod:`tasks.rollout.loop_plugins` and the contract
+registry instead of being imported by them.
 """
 
 from __future__ import annotations
@@ -12,13 +27,30 @@ import grimp
 import networkx as nx
 import pytest
 
-CORES = ("tasks.records", "tasks.rollout", "tasks.train", "tasks.evaluate", "schemas")
+CORES = ("tasks.records", "tasks.rollout", "tasks.train", "tasks.evaluate", "tasks.analysis", "tasks.harnesses",
+         "tasks.config", "schemas")
 APPLICATIONS = ("tasks.talkmesh", "tasks.bipa")
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("schemas", "tasks.hashing", "tasks.progress", "tasks.yamlfile"),
+    ("tasks.harnesses",),
+    ("tasks.config",),
+    ("tasks.rollout", "tasks.records"),
+    ("tasks.train",),
+    ("tasks.evaluate",),
+    ("tasks.analysis",),
+    APPLICATIONS,
+    ("flows",),
+)
+# The one import allowed to run up: the freeze stage signs the pre-registration of the evaluation
+# (tasks.evaluate.prereg, which needs the evaluate package's signing key) at freeze time, before
+# any training. It is the door of its stage, which nothing but the flows opens.
+UPWARD_ALLOWED = {("tasks.records.stage", "tasks.evaluate.prereg")}
+# Who may open a stage's door.
+STAGE_OPENERS = ("flows", "benchmarks", "tests")
 
 
-@pytest.fixture(scope="module")
-def graph() -> nx.DiGraph:
-    g = grimp.build_graph("tasks", "schemas", "flows", cache_dir=None)
+def _build(*packages: str) -> nx.DiGraph:
+    g = grimp.build_graph(*packages, cache_dir=None)
     out = nx.DiGraph()
     for m in g.modules:
         out.add_node(m)
@@ -27,16 +59,50 @@ def graph() -> nx.DiGraph:
     return out
 
 
+@pytest.fixture(scope="module")
+def graph() -> nx.DiGraph:
+    return _build("tasks", "schemas", "flows", "benchmarks", "tests")
+
+
 def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def rank(module: str) -> int | None:
+    """The layer of ``module`` (an index into LAYERS), None for a module outside them (tests,
+    benchmarks, the ``tasks`` package's own ``__init__``)."""
+    for i, layer in enumerate(LAYERS):
+        if _under(module, layer):
+            return i
+    return None
+
+
+def upward_imports(graph: nx.DiGraph) -> list[tuple[str, str]]:
+    """Edges (importer, imported) from a layer to a higher one, less UPWARD_ALLOWED."""
+    bad = []
+    for a, b in graph.edges:
+        ra, rb = rank(a), rank(b)
+        if ra is not None and rb is not None and rb > ra and (a, b) not in UPWARD_ALLOWED:
+            bad.append((a, b))
+    return sorted(bad)
+
+
+def stage_openers(graph: nx.DiGraph) -> list[tuple[str, str]]:
+    """Edges (importer, stage module) whose importer is not a flow, a benchmark or a test."""
+    return sorted((a, b) for a, b in graph.edges
+                  if b.startswith("tasks.") and b.endswith(".stage") and not _under(a, STAGE_OPENERS))
+
+
 def test_the_graph_is_the_package(graph):
-    """Guards the two tests below against an empty or partial graph."""
-    assert {"tasks.rollout.stage", "tasks.train.trainer", "tasks.talkmesh.episodes", "flows.pipeline",
-            "schemas"} <= set(graph.nodes)
-    assert graph.has_edge("tasks.rollout.stage", "tasks.rollout.loop_plugins")
+    """Guards the tests below against an empty or partial graph."""
+    assert {"tasks.rollout.stage", "tasks.rollout.runner", "tasks.train.trainer", "tasks.talkmesh.episodes",
+            "flows.pipeline", "schemas", "benchmarks.rollout", "tests.test_import_graph"} <= set(graph.nodes)
+    assert graph.has_edge("tasks.rollout.runner", "tasks.rollout.loop_plugins")
     assert graph.has_edge("tasks.train.stage", "tasks.train.loops")  # an import inside a function counts
+    assert graph.has_edge("flows.stages", "tasks.rollout.stage")
+    # every package of tasks and the top-level helpers sit in a layer
+    tops = {".".join(m.split(".")[:2]) for m in graph.nodes if m.startswith("tasks.")}
+    assert sorted(t for t in tops if rank(t) is None) == []
 
 
 def test_no_import_cycles(graph):
@@ -47,3 +113,25 @@ def test_no_import_cycles(graph):
 def test_the_cores_import_no_application(graph):
     bad = sorted((a, b) for a, b in graph.edges if _under(a, CORES) and _under(b, APPLICATIONS))
     assert bad == []
+
+
+def test_no_import_runs_up_the_layers(graph):
+    assert upward_imports(graph) == []
+
+
+def test_only_flows_benchmarks_and_tests_open_a_stage(graph):
+    assert stage_openers(graph) == []
+
+
+def test_the_checks_catch_a_forbidden_import(graph):
+    """Each rule above fails on the import it forbids (a core importing an application, a lower
+    layer importing a higher one, a package opening another's stage)."""
+    g = graph.copy()
+    g.add_edge("tasks.harnesses.spec", "tasks.talkmesh.protocol")
+    g.add_edge("tasks.config.run", "tasks.rollout.models")
+    g.add_edge("tasks.evaluate.exports", "tasks.train.stage")
+    assert upward_imports(g) == [("tasks.config.run", "tasks.rollout.models"),
+                                 ("tasks.harnesses.spec", "tasks.talkmesh.protocol")]
+    assert stage_openers(g) == [("tasks.evaluate.exports", "tasks.train.stage")]
+    assert rank("tasks.records.suites.base") == rank("tasks.rollout.harness") == 3
+    assert rank("tasks.talkmesh.run") == 7 and rank("flows.cli") == 8 and rank("tests.conftest") is None

@@ -134,7 +134,7 @@ def branching_rows(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artif
         return []
     from tasks.analysis.branching import branch_states
     from tasks.hashing import seed_from
-    from tasks.rollout.stage import load_policy
+    from tasks.rollout.engines import load_policy
 
     cks = {c["name"]: c for c in store.rows(inputs["checkpoints"])}
     missing = [c for c in br.checkpoints if c not in cks]
@@ -222,7 +222,7 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
     from tasks.analysis.leakage import action_distributions, jsd_table
     from tasks.analysis.predictors import p1_points, r2_table
     from tasks.analysis.report import ReportInputs, render_report
-    from tasks.rollout.stage import harness_specs
+    from tasks.harnesses.frozen import harness_specs
 
     a = cfg.analyze
     evals = store.rows(inputs["evaluations"])

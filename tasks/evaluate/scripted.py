@@ -1,7 +1,7 @@
 """A scripted episode runner: an instant policy and a trivial verifier, so that bookkeeping
 (plan, seal, write, verify, statistics, exports) can be exercised and timed without a model.
 
-It has :func:`tasks.rollout.stage.iter_records`'s signature and yields chunks as it does; it is
+It has :func:`tasks.rollout.runner.iter_records`'s signature and yields chunks as it does; it is
 passed to :func:`tasks.evaluate.stage.run_evaluate` as ``episode_runner`` by
 ``benchmarks/sealed_eval.py`` and the tests. It is never used by the pipeline.
 """

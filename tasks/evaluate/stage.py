@@ -31,12 +31,13 @@ from tasks.evaluate.signing import HEAD_SIG, PLAN_SIG, PUBLIC_KEY, load_or_creat
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
 from tasks.rollout.loop_plugins import plugin_of, state_artifacts
-from tasks.rollout.stage import harness_specs, iter_records
-from tasks.train.stage import LeakageError
+from tasks.harnesses.frozen import harness_specs
+from tasks.rollout.runner import iter_records
+from tasks.records.split_guard import check_leakage
 
 log = logging.getLogger("harnessrl.evaluate")
 
-from tasks.evaluate.verify import PLAN, PLAN_HASH, verify_run  # noqa: F401 - verify_run: re-exported
+from tasks.evaluate.verify import PLAN, PLAN_HASH
 
 
 class _Ticker:
@@ -110,26 +111,6 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
     }
 
 
-def check_leakage(tasks: list[dict[str, Any]], records: list[dict[str, Any]], episodes: list[dict[str, Any]]) -> None:
-    """Refuse when a test-split task hash appears in the training rollouts or in the train-split
-    records.
-
-    Raises:
-        LeakageError: listing (up to 10 of) the leaked task ids and where they were found.
-    """
-    test_hashes = {t["task_hash"]: t["task_id"] for t in tasks if t["split"] == "test"}
-    where = {
-        "the training rollouts": sorted({test_hashes[e["task_hash"]] for e in episodes if e["task_hash"] in test_hashes}),
-        "the train records": sorted({test_hashes[r["task_hash"]] for r in records
-                                     if r["split"] == "train" and r["task_hash"] in test_hashes}),
-    }
-    found = {k: v for k, v in where.items() if v}
-    if found:
-        n = len(set().union(*found.values()))
-        raise LeakageError(f"evaluate: {n} test-split task(s) appear in "
-                           + "; ".join(f"{k}: {v[:10]}" for k, v in found.items()))
-
-
 def _row(e: dict[str, Any], r: dict[str, Any], ck: dict[str, Any], attempt: int, retry: int, retry_of: str
          ) -> dict[str, Any]:
     status = e["status"] if e["status"] != "ok" else ("resolved" if e["success"] else "unresolved")
@@ -164,7 +145,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     known to belong to a sealed row.
 
     Args:
-        episode_runner: a function with :func:`tasks.rollout.stage.iter_records`'s signature,
+        episode_runner: a function with :func:`tasks.rollout.runner.iter_records`'s signature,
             yielding ``(episodes, turns)`` chunks as it does (default: that function). The
             bookkeeping benchmark passes a scripted one. With harnesses of a plugged-in loop type
             it is also given ``loop_states`` (from their ``state_artifact`` inputs).
@@ -173,7 +154,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
             ``exports``).
 
     Raises:
-        LeakageError: a test-split task is in the training rollouts or train records.
+        tasks.records.split_guard.LeakageError: a test-split task is in the training rollouts or train records.
         ValueError: see :func:`build_plan`; a checkpoint's files changed since training; a turn
             whose episode is no sealed attempt.
     """

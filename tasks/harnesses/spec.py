@@ -203,7 +203,7 @@ class MeshSpec(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "MeshSpec":
         if self.topology == "regular":
-            from tasks.talkmesh.protocol import build_topology
+            from tasks.harnesses.topology import build_topology
 
             try:
                 build_topology("regular", self.agents, self.degree, 0)

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
 
-from tasks.rollout.sandbox.errors import SandboxPathError
+from tasks.harnesses.sandbox_errors import SandboxPathError
 
 Needs = Literal["sandbox", "browser", "none"]
 

@@ -1,6 +1,6 @@
 """Fan-out of rollout episodes over a Prefect task runner.
 
-The episodes of one :func:`tasks.rollout.stage.run_records` call are cut into *shards*: by
+The episodes of one :func:`tasks.rollout.runner.run_records` call are cut into *shards*: by
 harness (ordered by harness name), then consecutive chunks of records (ordered by ``record_id``),
 every sample of a record in the same shard. Each shard is one call of
 :func:`tasks.rollout.harness.run_episodes`, run as one Prefect task run on the configured task
@@ -49,6 +49,7 @@ from typing import Any, Callable
 from tasks.config import RolloutConfig, RunConfig, SandboxConfig
 from tasks.harnesses.spec import HarnessSpec
 from tasks.hashing import seed_from, sha256_dir, sha256_json
+from tasks.rollout.engines import close_policy
 
 log = logging.getLogger("harnessrl.rollout")
 
@@ -113,13 +114,6 @@ _GENERATE_LOCK = threading.Lock()
 LOADS = [0]  # policies this process has loaded (for logs and tests)
 
 
-def _close(policy: Any) -> None:
-    """Shut down an engine that holds a process or connections (vLLM worker, HTTP pool)."""
-    close = getattr(policy, "close", None)
-    if callable(close):
-        close()
-
-
 def cached_policy(source: PolicySource) -> Any:
     """The policy of ``source``, loaded at most once per process while it is the latest one; the
     policy it replaces is closed (a vLLM engine's worker process ends with it)."""
@@ -127,7 +121,7 @@ def cached_policy(source: PolicySource) -> Any:
     with _CACHE_LOCK:
         if key not in _CACHE:
             for old in _CACHE.values():
-                _close(old)
+                close_policy(old)
             _CACHE.clear()
             log.info("loading policy %s in this process", key[:12])
             _CACHE[key] = source.load()
@@ -141,7 +135,7 @@ def release_policy(source: PolicySource) -> None:
     with _CACHE_LOCK:
         old = _CACHE.pop(source.key, None)
     if old is not None:
-        _close(old)
+        close_policy(old)
 
 
 class _SharedPolicy:

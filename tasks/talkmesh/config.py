@@ -75,7 +75,7 @@ class TalkMeshConfig(BaseModel):
         if bad:
             raise ValueError(f"talkmesh.colluders={self.colluders}: each m must be in [1, agents-1={self.agents - 1}]")
         if self.topology == "regular":
-            from tasks.talkmesh.protocol import build_topology
+            from tasks.harnesses.topology import build_topology
 
             build_topology("regular", self.agents, self.degree, 0)  # raises on an impossible degree
         return self

@@ -239,7 +239,7 @@ def run_mesh_records(policy: Any, cfg: Any, spec: HarnessSpec, harness_id: str, 
         head / hidden: the harness's fitted head and the base model's :class:`HiddenStates`.
 
     Returns:
-        ``(episodes, turns)`` as :func:`tasks.rollout.stage.run_records` returns them (episode dicts
+        ``(episodes, turns)`` as :func:`tasks.rollout.runner.run_records` returns them (episode dicts
         with ``record``, ``sample_idx``, ``seed``, ``policy_id``), in (record id, sample) order.
 
     Raises:

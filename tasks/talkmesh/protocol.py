@@ -37,11 +37,9 @@ attempted. Confidence scoring is a forward pass, not an output, and is not count
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-import networkx as nx
-
-Topology = Literal["full", "ring", "regular"]
+from tasks.harnesses.topology import Topology, build_topology
 
 
 @dataclass(frozen=True)
@@ -111,34 +109,6 @@ class MeshSettings:
             raise ValueError(f"threshold={self.threshold} is outside [0, 1]")
         if self.gossip_steps is not None and self.gossip_steps < 1:
             raise ValueError(f"gossip_steps={self.gossip_steps} must be >= 1")
-
-
-def build_topology(kind: Topology, n: int, degree: int = 2, seed: int = 0) -> nx.Graph:
-    """The communication graph on agents 0..n-1.
-
-    ``full``: the complete graph; ``ring``: the cycle (n >= 3; n = 2 is one edge); ``regular``: a
-    random ``degree``-regular graph (``networkx.random_regular_graph``, seeded), redrawn with
-    seed + 1, + 2, ... until connected (at most 100 draws).
-
-    Raises:
-        ValueError: unknown ``kind``; for ``regular``: degree < 1, degree >= n, n * degree odd,
-            or no connected draw in 100 tries.
-    """
-    if kind == "full":
-        return nx.complete_graph(n)
-    if kind == "ring":
-        return nx.cycle_graph(n) if n >= 3 else nx.complete_graph(n)
-    if kind == "regular":
-        if not 1 <= degree < n:
-            raise ValueError(f"topology regular: degree={degree} must be in [1, agents-1={n - 1}]")
-        if (n * degree) % 2:
-            raise ValueError(f"topology regular: agents * degree = {n}*{degree} is odd; no such regular graph")
-        for t in range(100):
-            g = nx.random_regular_graph(degree, n, seed=seed + t)
-            if nx.is_connected(g):
-                return g
-        raise ValueError(f"topology regular: no connected {degree}-regular graph on {n} nodes in 100 draws")
-    raise ValueError(f"topology={kind!r} is not one of full, ring, regular")
 
 
 def weighted_vote(votes: Sequence[tuple[str | None, float]]) -> str | None:

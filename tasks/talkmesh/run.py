@@ -131,9 +131,9 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     Returns the written refs by name. Raises ValueError on too few frozen problems, a harness
     missing from the frozen ones, or a non-numeric reference answer under collusion.
     """
-    from tasks.rollout.fanout import _close
+    from tasks.rollout.engines import close_policy
     from tasks.rollout.models import load_model_and_tokenizer, model_id, resolve_model
-    from tasks.rollout.stage import harness_specs
+    from tasks.harnesses.frozen import harness_specs
     from tasks.talkmesh.baselines import vote_curves
     from tasks.talkmesh.calibration import HiddenStates, fit_head
     from tasks.talkmesh.talk import LMTalk, talk_sequences
@@ -235,7 +235,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                 revisions += mesh(talk, agents_train, train_p, f"train-{g}").revisions
         timing["mesh_base_s"] = time.perf_counter() - t0
     finally:
-        _close(base)
+        close_policy(base)
 
     refs: dict[str, ArtifactRef] = {}
     adapter = None
@@ -278,7 +278,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                           for p, row in zip(test_p, agents_test)], m)
             timing["mesh_eval_s"] = time.perf_counter() - t0
         finally:
-            _close(trained)
+            close_policy(trained)
     timing["total_s"] = time.perf_counter() - t_start
     from tasks.talkmesh.baselines import contrast_pairs, paired_contrasts
     from tasks.talkmesh.report import plot_png, report_markdown

@@ -2,7 +2,7 @@
 policy engine, and the talk policy's GRPO batch.
 
 Every call goes through a policy engine's ``generate(prompts, sampling, seed)`` (hf, vllm or
-openai; :func:`tasks.rollout.stage.load_policy`) with chat prompts built by
+openai; :func:`tasks.rollout.engines.load_policy`) with chat prompts built by
 :class:`tasks.rollout.policy.ChatFormat`; answers are parsed with the harness's answer pattern
 (:func:`tasks.harnesses.actions.parse_reply`, then its fallback).
 

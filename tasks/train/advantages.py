@@ -11,25 +11,7 @@ from typing import Literal, Sequence
 
 import torch
 
-GROUP_SEP = "|"
-
-
-def group_ids(task_ids: Sequence[str], harness_ids: Sequence[str], mode: Literal["within", "cross"]) -> list[str]:
-    """Group id of each sample, computed from content, never from row order.
-
-    ``within``: one group per (task, harness) -> ``"task|harness"``.
-    ``cross``: harnesses pooled per task -> ``"task"``.
-
-    Raises:
-        ValueError: unknown ``mode``, or the two lists differ in length.
-    """
-    if len(task_ids) != len(harness_ids):
-        raise ValueError(f"task_ids has {len(task_ids)} entries but harness_ids has {len(harness_ids)}")
-    if mode == "within":
-        return [f"{t}{GROUP_SEP}{h}" for t, h in zip(task_ids, harness_ids)]
-    if mode == "cross":
-        return [str(t) for t in task_ids]
-    raise ValueError(f"grouping mode {mode!r} is not one of 'within', 'cross'")
+from tasks.rollout.groups import group_ids
 
 
 def group_advantages(
@@ -48,7 +30,7 @@ def group_advantages(
 
     Args:
         rewards: ``[N]`` float rewards (any scale).
-        group_ids: ``N`` group labels (see :func:`group_ids`).
+        group_ids: ``N`` group labels (see :func:`tasks.rollout.groups.group_ids`).
 
     Raises:
         ValueError: lengths differ, unknown ``scale``, or a non-finite reward.
@@ -139,7 +121,7 @@ def coverage_matched_mask(within_adv: torch.Tensor, cross_adv: torch.Tensor, cro
 
     Args:
         within_adv, cross_adv: float ``[N]`` advantages of the same samples under Within and Cross.
-        cross_groups: ``N`` Cross group ids (:func:`group_ids` with ``mode="cross"``).
+        cross_groups: ``N`` Cross group ids (:func:`tasks.rollout.groups.group_ids` with ``mode="cross"``).
         seed: the order of the groups.
 
     Returns:

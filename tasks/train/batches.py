@@ -12,7 +12,8 @@ from typing import Literal, Sequence
 import torch
 
 from tasks.hashing import seed_from
-from tasks.train.advantages import (coverage_matched_mask, group_advantages, group_ids, residualized_rewards)
+from tasks.rollout.groups import group_ids
+from tasks.train.advantages import coverage_matched_mask, group_advantages, residualized_rewards
 
 
 @dataclass

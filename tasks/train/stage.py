@@ -10,13 +10,10 @@ from typing import Any, Callable
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
 from tasks.hashing import sha256_dir, sha256_json
-from tasks.rollout.stage import harness_specs
+from tasks.records.split_guard import check_train_rollouts
+from tasks.harnesses.frozen import harness_specs
 
 log = logging.getLogger("harnessrl.train")
-
-
-class LeakageError(RuntimeError):
-    """Test-split data reached a stage that must never see it; the message lists the tasks."""
 
 
 def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
@@ -44,7 +41,7 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     one sequence each.
 
     Raises:
-        LeakageError: a test-split task among the rollouts.
+        tasks.records.split_guard.LeakageError: a test-split task among the rollouts.
         ValueError: an online arm with a loop type that trains offline only (``talkmesh``), or a
             plugin's episodes with nothing to train on.
     """
@@ -53,11 +50,8 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     from tasks.train.sequences import build_sequences
     from tasks.train.trainer import normalize_adapter_config
 
-    test_hashes = {t["task_hash"]: t["task_id"] for t in store.rows(inputs["tasks"]) if t["split"] == "test"}
     episodes = store.rows(inputs["episodes"])
-    leaked = sorted({test_hashes[e["task_hash"]] for e in episodes if e["task_hash"] in test_hashes})
-    if leaked:
-        raise LeakageError(f"train: {len(leaked)} test-split task(s) in the training rollouts: {leaked[:10]}")
+    check_train_rollouts(store.rows(inputs["tasks"]), episodes)
     specs = harness_specs(store, inputs["harnesses"])
     sampling = {hid: (s.sampling.temperature, s.sampling.top_k, s.sampling.top_p) for hid, s in specs.items()}
     from tasks.rollout.loop_plugins import plugin_of
@@ -214,7 +208,7 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
     ``arms``): ``<base>+online-v<version>``.
     """
     from tasks.hashing import seed_from
-    from tasks.rollout.stage import episode_rows, run_records
+    from tasks.rollout.runner import episode_rows, run_records
     from tasks.train.batches import tasks_for_iteration
     from tasks.train.loops import SampledBatch
     from tasks.train.sequences import build_sequences
@@ -240,7 +234,7 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
         return SampledBatch(seqs=seqs, dropped=dropped, rows={"episodes": rows, "turns": turns})
 
     if cfg.policy.engine == "vllm":
-        from tasks.rollout.stage import load_policy
+        from tasks.rollout.engines import load_policy
         from tasks.train.online import EngineSampler, sync_tolerance
 
         engine = load_policy(cfg)

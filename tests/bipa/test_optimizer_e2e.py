@@ -61,12 +61,12 @@ def _cfg(model_dir):
 def test_tiny_bipa_run(tiny_model_dir, prefect_harness, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    import tasks.rollout.stage as stage
+    import tasks.rollout.engines as engines
     from flows.bipa import bipa_flow
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     pol = ScriptedPolicy(tok)
-    monkeypatch.setattr(stage, "load_policy", lambda cfg, adapter_dir=None: pol)
+    monkeypatch.setattr(engines, "load_policy", lambda cfg, adapter_dir=None: pol)
     cfg = _cfg(tiny_model_dir)
     out = bipa_flow(cfg, str(tmp_path))
     store = ArtifactStore(tmp_path)

@@ -14,10 +14,11 @@ from schemas import ArtifactError, ArtifactStore
 from tasks.config import RunConfig
 from tasks.evaluate.scripted import ScriptedRunner
 from tasks.evaluate.seal import SealError
-from tasks.evaluate.stage import PLAN, run_evaluate, verify_run
+from tasks.evaluate.stage import PLAN, run_evaluate
+from tasks.evaluate.verify import verify_run
 from tasks.hashing import sha256_dir
 from tasks.records.freeze import freeze_tables
-from tasks.train.stage import LeakageError
+from tasks.records.split_guard import LeakageError
 
 
 def _cfg(**evaluate):
@@ -259,7 +260,7 @@ def test_a_pool_of_export_processes_writes_the_logs_this_process_writes(sealed, 
     from inspect_ai.log import read_eval_log
 
     from tasks.evaluate.inspect_log import write_inspect_logs
-    from tasks.rollout.stage import harness_specs
+    from tasks.harnesses.frozen import harness_specs
 
     cfg, store, refs, out, _, tasks, _ = sealed
     plan = store.read_json(PLAN)

@@ -93,7 +93,7 @@ def eos_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 def vllm_f32(eos_model_dir):
     require_vllm_venv()
     from tasks.rollout.engines.vllm_engine import VLLMPolicy
-    from tasks.rollout.stage import load_policy
+    from tasks.rollout.engines import load_policy
 
     cfg = RunConfig(name="v", suites=[{"name": "basic_arithmetic", "size": 3}], harnesses=["react-python"],
                     policy={"model": str(eos_model_dir), "engine": "vllm", "rollout_dtype": "float32"})

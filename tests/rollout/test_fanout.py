@@ -10,7 +10,7 @@ from tasks.harnesses.spec import HarnessSpec
 from tasks.hashing import canonical_json, seed_from
 from tasks.records.freeze import freeze_tables
 from tasks.rollout.fanout import PolicySource, ShardError, _task_runner, plan_shards
-from tasks.rollout.stage import run_records
+from tasks.rollout.runner import run_records
 
 SAMPLES, SEED, TAG = 2, 7, "t"
 

@@ -180,7 +180,7 @@ def test_train_uses_talk_sequences_and_online_is_refused(run, tiny_model_dir):
 
 def test_sealed_evaluation_and_report(run):
     from tasks.evaluate.seal import SealError
-    from tasks.evaluate.stage import verify_run
+    from tasks.evaluate.verify import verify_run
 
     cfg, root, store, (fr, ro, tr, ev, an) = run
     plan = json.loads((root / "run/evaluate/plan.json").read_text())

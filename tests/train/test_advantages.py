@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from tasks.train.advantages import group_advantages, group_ids, zero_signal_fraction
+from tasks.rollout.groups import group_ids
+from tasks.train.advantages import group_advantages, zero_signal_fraction
 
 
 def test_grpo_advantage_matches_formula():

@@ -11,7 +11,7 @@ import tasks.train.loops as loops_mod
 import tasks.train.trainer as trainer_mod
 from schemas import ArtifactStore
 from tasks.config import ConfigError, RunConfig, load_config
-from tasks.evaluate.stage import default_contrasts
+from tasks.evaluate.prereg import default_contrasts
 from tasks.hashing import sha256_dir
 from tasks.records.freeze import freeze_tables
 from tasks.train.stage import run_train
@@ -238,12 +238,12 @@ def test_online_arms_put_the_arm_in_the_policy_id(monkeypatch):
     # episode ids are content hashes that include the policy id: with the arm in it, two online
     # arms sampling the same records at the same version never share an episode id
     import tasks.rollout.policy as policy_mod
-    import tasks.rollout.stage as rollout_stage
+    import tasks.rollout.runner as runner
     from tasks.train.stage import _online_sampler
 
     pids, tags = [], []
     monkeypatch.setattr(policy_mod.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: pids.append(policy_id)))
-    monkeypatch.setattr(rollout_stage, "run_records", lambda pol, c, specs, tasks, recs, n, seed, tag: (tags.append(tag), ([], []))[1])
+    monkeypatch.setattr(runner, "run_records", lambda pol, c, specs, tasks, recs, n, seed, tag: (tags.append(tag), ([], []))[1])
 
     class Store:
         def rows(self, ref):
@@ -281,12 +281,12 @@ def test_an_arm_restricted_to_one_harness_trains_on_that_harness_alone(tiny_mode
 
 def test_online_sampling_of_an_arm_restricted_to_one_harness(monkeypatch):
     import tasks.rollout.policy as policy_mod
-    import tasks.rollout.stage as rollout_stage
+    import tasks.rollout.runner as runner
     from tasks.train.stage import _online_sampler
 
     seen = []
     monkeypatch.setattr(policy_mod.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: None))
-    monkeypatch.setattr(rollout_stage, "run_records",
+    monkeypatch.setattr(runner, "run_records",
                         lambda pol, c, specs, tasks, recs, n, seed, tag: (seen.append(recs), ([], []))[1])
     recs = [{"task_id": "t1", "task_hash": "h1", "split": "train", "harness_name": h} for h in ("direct", "react-python")]
 

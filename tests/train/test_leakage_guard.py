@@ -6,7 +6,8 @@ from schemas import ArtifactStore
 from tasks.config import RunConfig
 from tasks.evaluate.stage import run_evaluate
 from tasks.records.freeze import freeze_tables
-from tasks.train.stage import LeakageError, run_train
+from tasks.records.split_guard import LeakageError
+from tasks.train.stage import run_train
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ def _quiet(_m):
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     require_vllm_venv()
-    from tasks.rollout.stage import load_policy
+    from tasks.rollout.engines import load_policy
 
     pol = load_policy(_cfg(tiny_model_dir))
     yield pol

@@ -46,6 +46,14 @@ def make_policy(model_dir: Path, cfg: PolicyConfig, *, base_model_id: str, adapt
     raise ValueError(f"policy.engine={cfg.engine!r} is not one of {ENGINES}")
 
 
+def close_policy(policy: Any) -> None:
+    """Shut down an engine that holds a process or connections (vLLM worker, HTTP pool); a policy
+    without ``close()`` (a scripted test policy) is left as it is."""
+    close = getattr(policy, "close", None)
+    if callable(close):
+        close()
+
+
 def load_policy(cfg: Any, adapter_dir: Any = None) -> Any:
     """The rollout policy of a run config's ``policy.engine`` (hf | vllm | openai) on
     ``policy.model`` (resolved: :func:`tasks.rollout.models.resolve_model`) with an optional LoRA

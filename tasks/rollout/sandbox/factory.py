@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tasks.config import SandboxConfig
 from tasks.rollout.sandbox.base import Sandbox
-from tasks.rollout.sandbox.errors import SandboxError
+from tasks.harnesses.sandbox_errors import SandboxError
 
 
 def make_sandbox(cfg: SandboxConfig) -> Sandbox:

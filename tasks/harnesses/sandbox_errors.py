@@ -1,5 +1,6 @@
-"""The sandbox's exceptions, in a module of their own: the harness tools and the episode loop
-raise and catch them without importing a backend or the configuration."""
+"""The sandbox's exceptions, in a module of their own below the sandbox package
+(:mod:`tasks.rollout.sandbox`): the harness tools and the episode loop raise and catch them without
+importing a backend, the configuration or the rollout package."""
 
 from __future__ import annotations
 
