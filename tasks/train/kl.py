@@ -8,16 +8,21 @@ With log r_t = log pi_ref(y_t) - log pi_theta(y_t) (J. Schulman, "Approximating 
 - k3 = (r_t - 1) - log r_t           unbiased value, low variance, >= 0
 
 Which placement of which estimator gives an unbiased gradient of the sequence-level KL is P5's
-table (Shah et al., arXiv 2512.21852); ``harnessrl kl-check`` verifies it by enumeration.
+table (Shah et al., arXiv 2512.21852); ``harnessrl kl-check`` verifies it by enumeration. The
+placements (``train.kl.placement``) are read here and nowhere else: :func:`kl_in_reward` and
+:func:`kl_in_loss` say where the term goes, :func:`kl_penalized_rewards` is the reward side and
+:func:`kl_loss_term` the loss side.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 
-from tasks.train.losses import masked
+from tasks.train.losses import agg_loss, masked
+
+PLACEMENTS = ("reward", "loss", "both")
 
 # exp(20) ~ 4.9e8: beyond this the k3 estimate is meaningless; clamping keeps it finite (verl does the same).
 LOG_RATIO_CLAMP = 20.0
@@ -63,3 +68,63 @@ def importance_weighted(per_token: torch.Tensor, logp: torch.Tensor, behaviour_l
     """
     log_rho = masked(logp - behaviour_logp.detach(), mask).sum(-1, keepdim=True)
     return masked(per_token, mask) * torch.exp(log_rho.clamp(max=LOG_RATIO_CLAMP))
+
+
+def _placement(placement: str) -> str:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"train.kl.placement={placement!r} is not one of {PLACEMENTS}")
+    return placement
+
+
+def kl_in_reward(beta: float, placement: str) -> bool:
+    """Whether the KL term is subtracted from the reward: ``beta > 0`` and placement ``reward`` or
+    ``both``. Raises ValueError for a placement not in :data:`PLACEMENTS`."""
+    return _placement(placement) in ("reward", "both") and beta > 0
+
+
+def kl_in_loss(beta: float, placement: str) -> bool:
+    """Whether the KL term is added to the loss: ``beta > 0`` and placement ``loss`` or ``both``.
+    Raises ValueError for a placement not in :data:`PLACEMENTS`."""
+    return _placement(placement) in ("loss", "both") and beta > 0
+
+
+def kl_penalized_rewards(rewards: torch.Tensor, logp: Sequence[torch.Tensor], ref_logp: Sequence[torch.Tensor],
+                         masks: Sequence[torch.Tensor], kind: Literal["k1", "k2", "k3"], beta: float
+                         ) -> tuple[torch.Tensor, float]:
+    """KL in the reward (P5): r'_i = r_i - beta * sum_t k_t(theta, ref), one penalty per sequence.
+
+    Args:
+        rewards: ``[N]`` float64 rewards.
+        logp, ref_logp, masks: N per-token tensors each (``[T_i]``, float32): the current policy's
+            log-probs of the sampled tokens (detached: the penalty carries no gradient), the
+            reference's, and the policy-token mask (1 = counted).
+        kind: the estimator (:func:`kl_estimate`); ``beta``: the coefficient.
+
+    Returns:
+        ``(r', mean penalty)``: ``[N]`` float64 penalized rewards and the mean of beta * sum_t k_t
+        over the N sequences (a float).
+
+    Raises:
+        ValueError: as :func:`kl_estimate`.
+    """
+    pen = torch.zeros(len(logp), dtype=torch.float64)
+    for r, (lp, ref, m) in enumerate(zip(logp, ref_logp, masks)):
+        pen[r] = float(kl_estimate(lp, ref, kind, mask=m).sum())
+    return rewards - beta * pen, float(beta * pen.mean())
+
+
+def kl_loss_term(k: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, *, beta: float,
+                 weighted: bool, agg: str, max_len: int | None, num_tokens: float, num_seqs: float) -> torch.Tensor:
+    """KL in the loss (P5): beta * agg(k), added to the policy loss, differentiable through ``k``
+    (and through rho with ``weighted``: :func:`importance_weighted` against ``old_logp``).
+
+    Args:
+        k: ``[B, T]`` per-token estimates (:func:`kl_estimate` of ``logp`` against the reference).
+        logp, old_logp, mask: ``[B, T]`` current and old log-probs and the policy-token mask.
+        agg, max_len, num_tokens, num_seqs: the policy loss's aggregation
+            (:func:`tasks.train.losses.agg_loss`), so both terms share one denominator.
+
+    Returns: a scalar tensor.
+    """
+    k_loss = importance_weighted(k, logp, old_logp, mask) if weighted else k
+    return beta * agg_loss(k_loss, mask, agg, max_len=max_len, num_tokens=num_tokens, num_seqs=num_seqs)

@@ -329,6 +329,7 @@ class Trainer:
 
         from tasks.train.batches import minibatches
         from tasks.train.distributed import gather_dict
+        from tasks.train.kl import kl_in_reward
 
         tc, kl_cfg = self.tc, self.tc.kl
         if not seqs:
@@ -349,8 +350,7 @@ class Trainer:
         # the first mini-batch takes its old log-probs from its own step (Batch.deferred), when it trains;
         # not under several processes (each rank would hold only its share) nor with KL in the
         # reward (its advantages need the log-probs before the step's forward)
-        can_defer = (recompute and self.dist.world_size == 1
-                     and not (kl_on and kl_cfg.placement in ("reward", "both")))
+        can_defer = recompute and self.dist.world_size == 1 and not kl_in_reward(kl_cfg.beta, kl_cfg.placement)
         deferred: set[int] = set()
         ref_deferred = False
         for n, idx in enumerate(layout):
@@ -420,10 +420,10 @@ class Trainer:
         advantages fixed with the batch."""
         import torch
 
-        from tasks.train.kl import kl_estimate
+        from tasks.train.kl import kl_in_reward, kl_penalized_rewards
 
         kl_cfg = self.tc.kl
-        if not (kl_cfg.beta > 0 and kl_cfg.placement in ("reward", "both")):
+        if not kl_in_reward(kl_cfg.beta, kl_cfg.placement):
             return b.static_adv[idx], float("nan")
         seqs = b.seqs
         if self.version == b.old_version:
@@ -432,12 +432,10 @@ class Trainer:
             from tasks.train.distributed import gather_dict
 
             cur = gather_dict(self.passes(seqs, self.share(b.plan, seqs, idx), "policy"), self.dist)
-        pen = torch.zeros(len(idx), dtype=torch.float64)
-        for r, i in enumerate(idx):
-            m = torch.tensor(seqs[i].mask[1:], dtype=torch.float32)
-            pen[r] = float(kl_estimate(cur[i], b.ref[i], kl_cfg.estimator, mask=m).sum())
-        rewards = b.train_rewards[idx] - kl_cfg.beta * pen
-        return b.plan.advantages(rewards, idx), float(kl_cfg.beta * pen.mean())
+        masks = [torch.tensor(seqs[i].mask[1:], dtype=torch.float32) for i in idx]
+        rewards, penalty = kl_penalized_rewards(b.train_rewards[idx], [cur[i] for i in idx], [b.ref[i] for i in idx],
+                                                masks, kl_cfg.estimator, kl_cfg.beta)
+        return b.plan.advantages(rewards, idx), penalty
 
     def step(self, b: Batch, idx: list[int], *, ppo_epoch: int = 0, batch_index: int = 0
              ) -> tuple[dict[str, Any], dict[str, float]]:
@@ -454,11 +452,11 @@ class Trainer:
         import torch
 
         from tasks.train.advantages import zero_signal_fraction
-        from tasks.train.kl import importance_weighted, kl_estimate
-        from tasks.train.losses import agg_loss, policy_loss, truncated_is_weights
+        from tasks.train.kl import kl_estimate, kl_in_loss, kl_loss_term
+        from tasks.train.losses import policy_loss, truncated_is_weights
 
         tc, kl_cfg = self.tc, self.tc.kl
-        kl_in_loss = kl_cfg.beta > 0 and kl_cfg.placement in ("loss", "both")
+        in_loss = kl_in_loss(kl_cfg.beta, kl_cfg.placement)
         t0 = time.perf_counter()
         seqs = b.seqs
         adv, penalty = self.advantages(b, idx)
@@ -512,10 +510,10 @@ class Trainer:
                                       num_tokens=num_tokens, num_seqs=num_seqs, weights=weights)
                 k = kl_estimate(logp, ref_lp, kl_cfg.estimator, mask=mask) if ref_lp is not None else None
                 loss = pg
-                if kl_in_loss:
-                    k_loss = importance_weighted(k, logp, old_lp, mask) if kl_cfg.importance_weighted else k
-                    loss = loss + kl_cfg.beta * agg_loss(k_loss, mask, tc.agg, max_len=tc.max_len,
-                                                         num_tokens=num_tokens, num_seqs=num_seqs)
+                if in_loss:
+                    loss = loss + kl_loss_term(k, logp, old_lp, mask, beta=kl_cfg.beta,
+                                               weighted=kl_cfg.importance_weighted, agg=tc.agg, max_len=tc.max_len,
+                                               num_tokens=num_tokens, num_seqs=num_seqs)
                 # DDP averages over the ranks: scaled by N, the average is the sum of the shares
                 (loss * world if world > 1 else loss).backward()
             m_tokens = float(mask.sum())

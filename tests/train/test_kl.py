@@ -3,7 +3,9 @@ import math
 import pytest
 import torch
 
-from tasks.train.kl import kl_estimate
+from tasks.train.kl import (importance_weighted, kl_estimate, kl_in_loss, kl_in_reward, kl_loss_term,
+                            kl_penalized_rewards)
+from tasks.train.losses import agg_loss
 
 
 def test_estimators_on_known_values():
@@ -64,3 +66,49 @@ def test_one_step_on_kl_only_loss_lowers_kl():
     loss.backward()
     opt.step()
     assert exact_kl() < before
+
+
+@pytest.mark.parametrize("placement, beta, reward, loss", [
+    ("reward", 0.1, True, False), ("loss", 0.1, False, True), ("both", 0.1, True, True),
+    ("reward", 0.0, False, False), ("both", 0.0, False, False),
+])
+def test_placement_says_where_the_kl_term_goes(placement, beta, reward, loss):
+    assert (kl_in_reward(beta, placement), kl_in_loss(beta, placement)) == (reward, loss)
+
+
+def test_an_unknown_placement_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^train.kl.placement='token' is not one of \('reward', 'loss', 'both'\)$"):
+        kl_in_loss(0.1, "token")
+
+
+def test_penalized_rewards_subtract_beta_times_the_summed_masked_estimate():
+    # sequence 0: tokens log-ratios +-log 2 (k1 sums to 0 over both, but the second is masked out)
+    logp = [torch.tensor([math.log(0.5), math.log(0.25)]), torch.tensor([math.log(0.5)])]
+    ref = [torch.tensor([math.log(0.25), math.log(0.5)]), torch.tensor([math.log(0.5)])]
+    masks = [torch.tensor([1.0, 0.0]), torch.tensor([1.0])]
+    rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    out, mean_pen = kl_penalized_rewards(rewards, logp, ref, masks, "k1", 0.5)
+    # k1 = logp - ref = log 2 on sequence 0's first token, 0 on sequence 1
+    assert out.dtype == torch.float64
+    assert out.tolist() == pytest.approx([1.0 - 0.5 * math.log(2), 0.0])
+    assert mean_pen == pytest.approx(0.5 * math.log(2) / 2)
+    assert kl_penalized_rewards(rewards, logp, ref, masks, "k1", 0.0)[0].tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_loss_term_is_beta_times_the_aggregated_estimate(weighted):
+    logp = torch.tensor([[-0.5, -1.0, -2.0], [-0.3, -0.7, -0.1]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -0.2, -0.4], [-0.9, -0.6, -3.0]])
+    old = torch.tensor([[-0.6, -1.1, -1.0], [-0.2, -0.5, -0.3]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    k = kl_estimate(logp, ref, "k3", mask=mask)
+    got = kl_loss_term(k, logp, old, mask, beta=0.2, weighted=weighted, agg="token_mean", max_len=None,
+                       num_tokens=3.0, num_seqs=2.0)
+    per_token = importance_weighted(k, logp, old, mask) if weighted else k
+    want = 0.2 * agg_loss(per_token, mask, "token_mean", num_tokens=3.0, num_seqs=2.0)
+    assert float(got) == float(want) and float(got) > 0
+    # by hand, unweighted: beta * sum of the three unmasked k3 values / 3 tokens
+    if not weighted:
+        assert float(got) == pytest.approx(0.2 * float(k[mask.bool()].sum()) / 3)
+    got.backward()
+    assert logp.grad is not None and float(logp.grad[0, 2]) == 0.0 and float(logp.grad[1, 0]) != 0.0
