@@ -2,7 +2,7 @@
 
 ``HFPolicy.generate`` left-pads each batch to its longest prompt, so one long prompt among short
 ones makes every row pay for its length, in prefill and in every decode step's attention.
-:func:`tasks.rollout.policy.plan_batches` sorts the prompts by length and cuts them where the
+:func:`tasks.rollout.engines.hf.plan_batches` sorts the prompts by length and cuts them where the
 padded tokens saved outweigh one more batch (``policy.batch_overhead_tokens``). This script
 measures, on one set of prompt lengths:
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     from tasks.config import PolicyConfig
     from tasks.harnesses.spec import SamplingSpec
     from tasks.rollout.models import resolve_model
-    from tasks.rollout.policy import HFPolicy, plan_batches
+    from tasks.rollout.engines.hf import HFPolicy, plan_batches
 
     torch.manual_seed(0)
     if args.smoke:

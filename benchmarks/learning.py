@@ -197,7 +197,7 @@ def evaluate(config: str, overrides: dict[str, Any], adapters: list[str | None],
                 engine.load_weights({k: v.to(dtype) for k, v in model.state_dict().items() if k != "lm_head.weight"})
                 policy = engine
             else:
-                from tasks.rollout.policy import HFPolicy
+                from tasks.rollout.engines.hf import HFPolicy
 
                 policy = HFPolicy.from_model(model.to(dtype).eval(), load_tokenizer(model_dir), cfg.policy,
                                              policy_id=f"eval-{a}")

@@ -97,7 +97,7 @@ def side_ours(model_dir: str, iters: int, autocast: str, micro: int = 32) -> dic
 
     from tasks.config import RunConfig
     from tasks.harnesses.spec import SamplingSpec
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
     from tasks.train.sequences import TrainSequence
     from tasks.train.trainer import Trainer
 

@@ -5,7 +5,7 @@ processes would take minutes of the test budget on 2 cores.
 ``python -m tests.openai_server --model DIR --port N`` serves ``POST /v1/completions`` the way
 ``vllm serve --logprobs-mode processed_logprobs`` answers the requests the engine sends: the
 prompt as token ids, one completion per request sampled by harnessrl's ``hf`` engine
-(:class:`tasks.rollout.policy.HFPolicy`, seeded with the request's ``seed``, so the answer is a
+(:class:`tasks.rollout.engines.hf.HFPolicy`, seeded with the request's ``seed``, so the answer is a
 function of the weights, the prompt, the sampling and the seed: any two servers of one model give
 the same completion), the completion's ``token_ids``, and log-probs of the processed distribution
 with tokens named ``token_id:N``. ``GET /v1/models`` lists the model; ``GET /stats`` says how many
@@ -25,7 +25,7 @@ def make_app(model_dir: Path, served_name: str) -> Any:
 
     from tasks.config import PolicyConfig
     from tasks.harnesses.spec import SamplingSpec
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     policy = HFPolicy(model_dir, PolicyConfig(model=str(model_dir), rollout_dtype="float32", torch_threads=1),
                       base_model_id=served_name)

@@ -45,6 +45,9 @@ CASES = [
     ("openai-without-section", OK + "policy: {engine: openai}\n", {}, ["policy.engine='openai'", "policy.openai"]),
     ("openai-bad-url", OK + "policy: {engine: openai, openai: {base_url: 'ftp://h', model: m}}\n", {},
      ["'policy.openai.base_url'", "'ftp://h'"]),
+    ("online-on-openai", OK + "policy: {engine: openai, openai: {base_url: 'http://h:8000/v1', model: m}}\n"
+     "train: {mode: online, steps: 2}\n", {},
+     ["policy.engine='openai' with train.mode='online'", "one of ['hf', 'vllm']"]),
     ("gspo-token-mean", OK + "train: {algorithm: gspo, agg: token_mean}\n", {}, ["train.agg='token_mean'", "GSPO"]),
     ("online-recompute", OK + "train: {mode: online, steps: 2, old_logprobs: recompute, max_staleness: 1}\n", {},
      ["train.old_logprobs='recompute'", "max_staleness=1", "tis_cap"]),

@@ -93,7 +93,7 @@ class PolicyConfig(_Strict):
     (``float32`` disables autocast); the trainer's master weights are always fp32.
     ``engine`` picks the sampler (:mod:`tasks.rollout.engines`): ``hf`` (transformers, batches of
     at most ``batch_size`` prompts of similar length; ``batch_overhead_tokens`` is what one more
-    batch costs in padded prompt tokens, :func:`tasks.rollout.policy.plan_batches`; the default
+    batch costs in padded prompt tokens, :func:`tasks.rollout.engines.hf.plan_batches`; the default
     is the fastest arm of ``benchmarks/generate_batching.py`` for SmolLM2-135M on 2 CPU cores), ``vllm`` (see ``vllm``), ``openai`` (a server, see ``openai``; the tokenizer
     still comes from ``model``).
     """

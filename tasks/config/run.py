@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from tasks.hashing import sha256_json
 from tasks.yamlfile import describe, load_mapping
 from tasks.config.base import ConfigError, EXECUTION_ONLY, OPTIONAL_SECTIONS, _Strict, deep_merge
+from tasks.config.engines import engine_entry, online_engines
 from tasks.config.records import SplitConfig, SuiteConfig
 from tasks.config.policy import PACKAGED, PolicyConfig
 from tasks.config.rollout import RolloutConfig, SandboxConfig
@@ -121,9 +122,10 @@ class RunConfig(_Strict):
             if tc.harnesses is not None and (not tc.harnesses or set(tc.harnesses) - set(self.harnesses)):
                 raise ValueError(f"{where}.harnesses={tc.harnesses!r}: must be a non-empty subset of the training "
                                  f"harnesses {self.harnesses}")
-            if tc.mode == "online" and self.policy.engine == "openai":
-                raise ValueError(f"policy.engine='openai' with {where}.mode='online': online sampling needs an engine "
-                                 "the trainer can load its weights into; use policy.engine 'vllm' or 'hf'")
+            if tc.mode == "online" and engine_entry(self.policy.engine).online is None:
+                raise ValueError(f"policy.engine={self.policy.engine!r} with {where}.mode='online': online sampling "
+                                 "needs an engine the trainer can load its weights into; use policy.engine one of "
+                                 f"{online_engines()}")
         from tasks.harnesses.spec import HarnessError, load_harness
 
         for h in self.held_out_harnesses():

@@ -1,7 +1,7 @@
 """Online sampling through a long-lived engine whose weights the trainer updates in place.
 
 :class:`EngineSampler` is the :class:`tasks.train.loops.OnlineSampler` of ``train.mode: online``
-with ``policy.engine: vllm``: one engine, started once on the base model, runs every batch; after
+with an engine that syncs in place (``policy.engine: vllm``; registry ``online: in_place``): one engine, started once on the base model, runs every batch; after
 each optimizer phase the trainer's current policy (LoRA merged into the base weights,
 :meth:`tasks.train.trainer.Trainer.merged_state`) is loaded into the running engine
 (:meth:`tasks.rollout.engines.vllm_engine.VLLMPolicy.load_weights`), never restarting it.
@@ -36,10 +36,13 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tasks.train.loops import SampledBatch
 from tasks.train.sequences import TrainSequence
+
+if TYPE_CHECKING:
+    from tasks.rollout.engines.base import WeightSyncEngine
 
 PROBE_QUESTION = "What is 17 + 25? Think step by step, then give the number."
 PROBE_ANSWER = "17 + 25: 17 + 20 is 37, and 37 + 5 is 42. The answer is 42."
@@ -80,8 +83,8 @@ class EngineSampler:
     """An online sampler over an engine with in-place weight loads (see the module docstring).
 
     Args:
-        engine: a policy engine with ``load_weights(state)`` and ``score(prompts)`` (the ``vllm``
-            engine), started on the base model (the canary's first "moved" check starts there).
+        engine: a :class:`tasks.rollout.engines.base.WeightSyncEngine` (registry ``online:
+            in_place``: the ``vllm`` engine), started on the base model (the canary's first "moved" check starts there).
         sample: ``sample(engine, iteration, version) -> SampledBatch``: runs one iteration's
             episodes with the engine (its weights are those of policy ``version``).
         dtype: the dtype of the weights sent (``policy.rollout_dtype``).
@@ -90,7 +93,7 @@ class EngineSampler:
         log: progress lines.
     """
 
-    def __init__(self, engine: Any, sample: Callable[[Any, int, int], SampledBatch], *, dtype: str,
+    def __init__(self, engine: "WeightSyncEngine", sample: Callable[[Any, int, int], SampledBatch], *, dtype: str,
                  tolerance: float, log: Callable[[str], None] = print):
         self.engine, self.sample, self.dtype, self.tolerance, self.log = engine, sample, dtype, tolerance, log
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-sampler")

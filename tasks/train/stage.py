@@ -196,12 +196,14 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
     tasks (under ``train.harnesses`` only, when set), ``rollout.samples_per_task`` episodes each, with the current policy, the version
     recorded in every episode:
 
-    - ``policy.engine: vllm``: one engine started on the base model for the whole run, the
-      trainer's merged weights loaded into it in place after each batch
+    - an engine that syncs in place (registry ``online: in_place``,
+      :data:`tasks.config.engines.ENGINES`: ``vllm``): one engine started on the base model for
+      the whole run, the trainer's merged weights loaded into it in place after each batch
       (:class:`tasks.train.online.EngineSampler`, with the sync canary), generation on a background
       thread so that the sampler can run ahead (``train.max_staleness``);
-    - ``policy.engine: hf``: the trainer's adapter merged into a fresh copy in
-      ``policy.rollout_dtype`` each iteration, sampled in this thread.
+    - an engine built in process (``online: in_process``: ``hf``): the trainer's adapter merged
+      into a fresh copy in ``policy.rollout_dtype`` each iteration, wrapped by the engine class's
+      ``from_model``, sampled in this thread.
 
     ``arm``: the training arm's name, put in the policy id (``<base>+<arm>+online-v<version>``) so
     that episode ids, content hashes that include the policy id, stay unique across arms; None (no
@@ -233,7 +235,9 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
                                         truncated_reward=tc.truncated_reward)
         return SampledBatch(seqs=seqs, dropped=dropped, rows={"episodes": rows, "turns": turns})
 
-    if cfg.policy.engine == "vllm":
+    from tasks.config.engines import engine_entry
+
+    if engine_entry(cfg.policy.engine).online == "in_place":
         from tasks.rollout.engines import load_policy
         from tasks.train.online import EngineSampler, sync_tolerance
 
@@ -252,11 +256,13 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
 
         return sampler, release
 
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines import engine_class
+
+    engine_cls = engine_class(cfg.policy.engine)
 
     def in_process(trainer: Any, iteration: int) -> SampledBatch:
-        policy = HFPolicy.from_model(trainer.inference_model(cfg.policy.rollout_dtype), trainer.tokenizer, cfg.policy,
-                                     policy_id=pid(trainer.version))
+        policy = engine_cls.from_model(trainer.inference_model(cfg.policy.rollout_dtype), trainer.tokenizer,
+                                       cfg.policy, policy_id=pid(trainer.version))
         return batch(policy, iteration, trainer.version)
 
     return in_process, lambda: None

@@ -198,7 +198,7 @@ def test_branching_with_a_sampling_policy_is_reproducible(tiny_model_dir, tok, t
     """The real transformers sampler under the replay wrapper: continuations are sampled (not
     forced) at s_0, seeded, and the same inputs + seed give the same rows."""
     from tasks.config import PolicyConfig
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     task, recs = task_record
     spec = load_harness("direct")

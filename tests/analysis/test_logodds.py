@@ -254,7 +254,7 @@ def test_reference_log_odds_equal_the_recorded_behaviour_logprobs(tiny_model_dir
     from tasks.harnesses.spec import load_harness
     from tasks.records.freeze import freeze_tables
     from tasks.rollout.harness import EpisodeJob, run_episodes
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     cfg = RunConfig(name="l", suites=[{"name": "basic_arithmetic", "size": 2, "seed": 5}], harnesses=["direct"])
     tasks, _, records = freeze_tables(cfg)

@@ -1,4 +1,4 @@
-"""``plan_batches``: length-bucketed generation batches (tasks/rollout/policy.py), and
+"""``plan_batches``: length-bucketed generation batches (tasks/rollout/engines/hf.py), and
 ``HFPolicy.generate`` returning completions in the prompts' order whatever the plan."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from tasks.rollout.policy import plan_batches
+from tasks.rollout.engines.hf import plan_batches
 
 
 def brute_force(lengths, max_rows, overhead):
@@ -71,7 +71,7 @@ def test_bad_arguments_name_the_field(max_rows, overhead, field):
 def test_generate_returns_completions_in_prompt_order(tiny_model_dir):
     from tasks.config import PolicyConfig
     from tasks.harnesses.spec import SamplingSpec
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     cfg = PolicyConfig(model=str(tiny_model_dir), rollout_dtype="float32", batch_size=4, batch_overhead_tokens=0)
     policy = HFPolicy(tiny_model_dir, cfg, base_model_id="tiny")

@@ -74,7 +74,7 @@ def _policy(model_dir, **openai):
 
 
 def test_requests_spread_over_servers_and_a_dead_one_leaves_the_rotation(two_servers, tiny_model_dir, caplog):
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     (proc_a, a), (proc_b, b) = two_servers
     s = SAMPLINGS[1]

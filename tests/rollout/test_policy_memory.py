@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from tasks.config import PolicyConfig
 from tasks.rollout.models import contiguous_output_head, load_model_and_tokenizer
-from tasks.rollout.policy import HFPolicy
+from tasks.rollout.engines.hf import HFPolicy
 
 B = 6
 

@@ -42,7 +42,7 @@ def test_hf_engine_reports_each_row_at_its_eos_and_samples_the_same(tiny_model_d
     """Rows that draw EOS are reported at that decoding step, the rest when their batch ends: more
     reports than batches, counts adding up to the prompts, and the same completions as a batch
     sampled without the reporting processor (the code before it) and as a call nobody listens to."""
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     model_dir = eos_prone_model(tiny_model_dir, tmp_path / "eos")
     cfg = PolicyConfig(model=str(model_dir), rollout_dtype="float32", batch_size=8, batch_overhead_tokens=0)

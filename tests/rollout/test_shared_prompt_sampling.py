@@ -10,7 +10,7 @@ import torch
 @pytest.fixture()
 def policy(tiny_model_dir):
     from tasks.config import PolicyConfig
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     cfg = PolicyConfig(model=str(tiny_model_dir), rollout_dtype="float32", batch_size=16, batch_overhead_tokens=10_000)
     return HFPolicy(tiny_model_dir, cfg, base_model_id="tiny")
@@ -18,7 +18,7 @@ def policy(tiny_model_dir):
 
 def _sample(policy, prompts, share: bool, monkeypatch):
     from tasks.harnesses.spec import SamplingSpec
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     prefill_rows: list[int] = []
     real = HFPolicy._shared_prompt_cache

@@ -237,12 +237,12 @@ def test_a_crash_in_the_second_arm_does_not_retrain_the_first(two_arms, tiny_mod
 def test_online_arms_put_the_arm_in_the_policy_id(monkeypatch):
     # episode ids are content hashes that include the policy id: with the arm in it, two online
     # arms sampling the same records at the same version never share an episode id
-    import tasks.rollout.policy as policy_mod
+    import tasks.rollout.engines.hf as hf_engine
     import tasks.rollout.runner as runner
     from tasks.train.stage import _online_sampler
 
     pids, tags = [], []
-    monkeypatch.setattr(policy_mod.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: pids.append(policy_id)))
+    monkeypatch.setattr(hf_engine.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: pids.append(policy_id)))
     monkeypatch.setattr(runner, "run_records", lambda pol, c, specs, tasks, recs, n, seed, tag: (tags.append(tag), ([], []))[1])
 
     class Store:
@@ -280,12 +280,12 @@ def test_an_arm_restricted_to_one_harness_trains_on_that_harness_alone(tiny_mode
 
 
 def test_online_sampling_of_an_arm_restricted_to_one_harness(monkeypatch):
-    import tasks.rollout.policy as policy_mod
+    import tasks.rollout.engines.hf as hf_engine
     import tasks.rollout.runner as runner
     from tasks.train.stage import _online_sampler
 
     seen = []
-    monkeypatch.setattr(policy_mod.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: None))
+    monkeypatch.setattr(hf_engine.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: None))
     monkeypatch.setattr(runner, "run_records",
                         lambda pol, c, specs, tasks, recs, n, seed, tag: (seen.append(recs), ([], []))[1])
     recs = [{"task_id": "t1", "task_hash": "h1", "split": "train", "harness_name": h} for h in ("direct", "react-python")]

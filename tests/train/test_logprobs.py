@@ -35,7 +35,7 @@ def test_sampler_and_trainer_logprobs_agree(tiny_model_dir, temperature, top_k, 
     # case 5i: same weights (fp32), temperature 0.5: generate's log-probs == recomputation
     from tasks.config import PolicyConfig
     from tasks.harnesses.spec import SamplingSpec
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     pol = HFPolicy(tiny_model_dir, PolicyConfig(model=str(tiny_model_dir), rollout_dtype="float32", batch_size=4),
                    base_model_id="tiny")

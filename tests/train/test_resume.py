@@ -83,7 +83,7 @@ def _hf_sampler(model_dir, cfg):
     """An online sampler as the train stage's ``policy.engine: hf``: the trainer's adapter merged
     into a float32 copy, 2 prompts x 3 samples generated with it (seeded per iteration); the
     reward of a completion is 1 when it has an even number of tokens (so groups are mixed)."""
-    from tasks.rollout.policy import HFPolicy
+    from tasks.rollout.engines.hf import HFPolicy
 
     prompts = [[5, 17, 33, 60], [7, 91, 120]]
     sampling = SamplingSpec(max_new_tokens=6)

@@ -1,5 +1,7 @@
-"""What every policy engine shares: the interface the harness engine calls, policy identity, the
-tokenizer, and a check that an engine's completion obeys the ``Generation`` contract."""
+"""What every policy engine shares: the interface (:class:`PolicyEngine`, and
+:class:`WeightSyncEngine` for the engines online training updates in place), policy identity, the
+tokenizer, and a check that an engine's completion obeys the ``Generation`` contract. Which engine
+can do what is the registry's (:data:`tasks.config.engines.ENGINES`)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ class EngineError(RuntimeError):
 
 @runtime_checkable
 class PolicyEngine(Protocol):
-    """What the harness engine needs from a policy.
+    """What the harness engine needs from a policy, and how to let it go.
 
     Attributes:
         tokenizer: a transformers tokenizer; the harness builds prompts as token ids with it.
@@ -38,10 +40,34 @@ class PolicyEngine(Protocol):
         :func:`tasks.train.logprobs.token_logprobs` recomputes on the same weights."""
         ...
 
+    def close(self) -> None:
+        """Release what the engine holds (a worker process, connections, temporary weights).
+        Idempotent; the engine generates nothing after it."""
+        ...
+
+
+@runtime_checkable
+class WeightSyncEngine(PolicyEngine, Protocol):
+    """A policy engine that online training updates in place (registry ``online: in_place``;
+    :class:`tasks.train.online.EngineSampler`): started once on the base model, it takes the
+    trainer's weights after each batch and scores a probe to show it did."""
+
+    def load_weights(self, state: dict[str, Any]) -> dict[str, float]:
+        """Load ``state`` (``{checkpoint name: tensor}``, the trainer's merged weights from
+        :meth:`tasks.train.trainer.Trainer.merged_state`) into the running engine in place; names
+        absent from ``state`` keep their weights. Returns ``{"seconds", "names"}`` (load time,
+        tensors loaded). Raises EngineError when the engine cannot load them."""
+        ...
+
+    def score(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Log-probs (nats, temperature 1, no top-k/top-p) of every token after the first of each
+        token-id list under the current weights: ``len(p) - 1`` floats per prompt."""
+        ...
+
 
 def policy_identity(base_model_id: str, adapter_dir: Path | None) -> tuple[str, str]:
     """``(policy_id, adapter_sha256)`` for a base model and an optional adapter folder, the same
-    formula as :class:`tasks.rollout.policy.HFPolicy`."""
+    formula as :class:`tasks.rollout.engines.hf.HFPolicy`."""
     if adapter_dir is None:
         return base_model_id, ""
     from tasks.hashing import sha256_dir
