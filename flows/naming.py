@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import PurePosixPath
 from typing import Any, Callable, Iterator
 
-# The config-name prefixes of the seed papers' experiments (configs/*.yaml; METHODS.md numbers them).
+# The config-name prefixes of the seed papers' experiments (configs/*.yaml; docs/methods/ numbers them).
 _PAPER_PREFIXES = (("talkmesh", "P3"), ("bipa", "P2"))
 _PN = re.compile(r"p([1-9])(?![0-9])")
 

@@ -1,4 +1,4 @@
-"""One Prefect flow per stage. Each reads like its line in DESIGN.md; the logic is in tasks/."""
+"""One Prefect flow per stage. Each reads like its line in docs/design.md; the logic is in tasks/."""
 
 from __future__ import annotations
 

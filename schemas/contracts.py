@@ -450,7 +450,7 @@ EVAL_FINDINGS = _register(
         [("unique", "name"), ("in_set", "verdict", ["reproduced", "not reproduced", "inconclusive"])],
         "The papers' headlines this run tests (evaluate.findings, sealed in the plan): the measure's estimate "
         "and interval at `level`, n tasks, the random-reward control's estimate where one is named, and the "
-        "verdict by the pre-registered rule (tasks.evaluate.findings.verdict, docs/findings-rules.md).",
+        "verdict by the pre-registered rule (tasks.evaluate.findings.verdict, docs/experiments/findings-rules.md).",
     )
 )
 

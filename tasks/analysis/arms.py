@@ -1,4 +1,4 @@
-"""Per-arm summaries for experiments with several training arms (METHODS.md P5, P6).
+"""Per-arm summaries for experiments with several training arms (docs/methods/p5-kl.md, docs/methods/p6-gspo-lora.md).
 
 - :func:`suite_pass_rates`: sealed pass@1 per (checkpoint, harness, suite) with a task-resampling
   bootstrap interval, and the median number of agent steps (turns) per graded attempt, so in-domain

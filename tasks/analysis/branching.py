@@ -1,6 +1,6 @@
 """P1's per-step mismatch estimator by branching continuations from visited states
-(METHODS.md, P1: "per-step estimator by branching K continuations from visited states (V* and Q*
-estimates)"). The definitions below are our reconstruction [design].
+(P1, docs/methods/p1-ceiling-mismatch.md: the per-step estimator branches K continuations from
+visited states to estimate V* and Q*). The definitions below are our reconstruction [design].
 
 For a recorded episode with turns 0..T-1 and outcome success S in {0, 1}:
 

@@ -1,4 +1,4 @@
-"""P1 (METHODS.md, "ceiling minus mismatch"): the harness ceiling and the mismatch per
+"""P1 (docs/methods/p1-ceiling-mismatch.md): the harness ceiling and the mismatch per
 (checkpoint, harness) cell of a sealed evaluation.
 
 - Harness ceiling C_h, two estimators: the mean over tasks of the unbiased pass@K (Chen et al.
@@ -10,11 +10,12 @@
   the reference never solves (p_x = 0) contributes 0, whatever the other tasks' rates. J is
   concave in p near 0 for small beta, so J of the mean rate over-states the mean of J: half the
   tasks at p = 0 and half at 0.6 give 0.5 J(0.6), not J(0.3).
-- beta: ``analyze.kl_beta`` (METHODS.md P1's KL coefficient of the harness-as-reference control
-  problem, reward units per nat); its default 1.0 is chosen for the ceiling (a unit reward is worth
-  one nat of divergence from the harness's preferences, so the ceiling multiplies each task's odds
-  of success by e), not copied from the trainer's ``train.kl.beta``: at the trainer's 0.05,
-  e^{1/beta} ~ 5e8 and J is ~1 for every task with one success, which says nothing about a harness.
+- beta: ``analyze.kl_beta`` (the KL coefficient of P1's harness-as-reference control problem,
+  docs/methods/p1-ceiling-mismatch.md, in reward units per nat); its default 1.0 is chosen for
+  the ceiling (a unit reward is worth one nat of divergence from the harness's preferences, so the
+  ceiling multiplies each task's odds of success by e), not copied from the trainer's
+  ``train.kl.beta``: at the trainer's 0.05, e^{1/beta} ~ 5e8 and J is ~1 for every task with one
+  success, which says nothing about a harness.
 - Deployed return J(pi) = pass@1; simple mismatch estimator M = C_h - pass@1.
 
 Evaluation rows are read with the sealed-evaluation rules of :mod:`tasks.evaluate.stats`: each
@@ -43,7 +44,7 @@ def _check_beta(beta: float) -> None:
 
 
 def kl_soft_ceiling(p: float, beta: float) -> float:
-    """The KL-soft ceiling of a binary-reward task (METHODS.md, P1):
+    """The KL-soft ceiling of a binary-reward task (P1: docs/methods/p1-ceiling-mismatch.md):
 
         J = p e^{1/beta} / (1 - p + p e^{1/beta}) = sigmoid(logit(p) + 1/beta)
 

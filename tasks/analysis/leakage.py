@@ -1,4 +1,4 @@
-"""P4 (METHODS.md, "multi-harness RL, Within vs Cross grouping"): zero-signal groups, the
+"""P4 (docs/methods/p4-within-cross.md): zero-signal groups, the
 harness-identity leakage of the advantages, and the action-distribution divergence between
 harnesses and between checkpoints.
 

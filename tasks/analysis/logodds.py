@@ -1,5 +1,6 @@
-"""P1's log-odds check (METHODS.md, P1 [design]): do the trained policy's log-odds between
-candidate actions track the harness's own preferences, shifted by the value difference?
+"""P1's log-odds check (docs/methods/p1-ceiling-mismatch.md, our reconstruction): do the trained
+policy's log-odds between candidate actions track the harness's own preferences, shifted by the
+value difference?
 
 Under KL-regularised control with the harness's action preferences as the reference, the optimal
 policy is pi*(a|s) proportional to pi_ref(a|s) exp(Q*(s,a)/beta), so for two actions a, b at one

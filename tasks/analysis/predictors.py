@@ -1,4 +1,4 @@
-"""P1's claim test (METHODS.md, "ceiling minus mismatch"): across (checkpoint, harness) points, is
+"""P1's claim test (docs/methods/p1-ceiling-mismatch.md): across (checkpoint, harness) points, is
 the deployed return (and the RL gain) predicted better by C - M than by the ceiling C or the
 mismatch M alone? Reported as the R^2 of each single predictor side by side, with a
 task-clustered bootstrap interval, beside the points themselves (:func:`p1_points`).

@@ -371,7 +371,7 @@ def render_report(inp: ReportInputs) -> str:
 
 def talkmesh_section(heads: list[dict[str, Any]], evals: list[dict[str, Any]], eval_turns: list[dict[str, Any]],
                      harnesses: list[str]) -> str:
-    """The report's TalkMesh section (METHODS.md P3) for the talkmesh harnesses ``harnesses``.
+    """The report's TalkMesh section (P3: docs/methods/p3-talkmesh.md) for the talkmesh harnesses ``harnesses``.
 
     Args:
         heads: ``talkmesh_head`` rows (the head's ECE and Brier score on its graded train

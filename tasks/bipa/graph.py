@@ -1,4 +1,4 @@
-"""The episode graph of P2 (METHODS.md, BiPA): a bipartite graph G = (turns, read-text spans)
+"""The episode graph of P2 (docs/methods/p2-bipa.md): a bipartite graph G = (turns, read-text spans)
 with an edge (t, x) when span x was in, or was fetched into, the context of turn t.
 
 Built from the ``turns`` rows' ``read_spans`` (see :mod:`tasks.rollout.harness`): each span

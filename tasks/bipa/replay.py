@@ -1,4 +1,4 @@
-"""Acceptance rule and acceptance-rule replay of P2 (METHODS.md, BiPA).
+"""Acceptance rule and acceptance-rule replay of P2 (docs/methods/p2-bipa.md).
 
 A skill optimizer accepts a candidate when its selection score beats the incumbent's by the
 rule (:class:`AcceptRule`). Replay re-scores the same candidates on fresh episodes and held-out

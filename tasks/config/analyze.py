@@ -45,7 +45,7 @@ class BranchingConfig(_Strict):
 
 
 class AnalyzeConfig(_Strict):
-    """Analysis options (METHODS.md P1 and P4).
+    """Analysis options (docs/methods/p1-ceiling-mismatch.md, docs/methods/p4-within-cross.md).
 
     ``ceiling_k``: the K of the pass@K harness ceiling (<= ``evaluate.attempts``). ``kl_beta``: the
     beta b of P1's KL-soft ceiling J(p) = p e^{1/b} / (1 - p + p e^{1/b}), per task then averaged

@@ -26,7 +26,7 @@ class ContrastConfig(_Strict):
 
 
 class FindingConfig(_Strict):
-    """A paper's headline, pre-registered with the rule that decides it (docs/findings-rules.md).
+    """A paper's headline, pre-registered with the rule that decides it (docs/experiments/findings-rules.md).
 
     ``measure``: ``contrast`` (the pre-registered contrast named ``contrast``: a - b of per-task
     success rates), ``harness_spread_minus_recipe_spread`` (how much more the evaluation harness

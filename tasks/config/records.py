@@ -30,7 +30,7 @@ class SuiteConfig(_Strict):
     eval_only: bool = False
     # Reward rule of the suite's verifier (part of each task's verifier_spec, so frozen and hashed):
     # "fraction" = fraction of the hidden checks passed (HumanEval: the one check); "p6" = passed
-    # fail-to-pass tests / their count, forced to 0 when a pass-to-pass test fails (METHODS.md P6;
+    # fail-to-pass tests / their count, forced to 0 when a pass-to-pass test fails (P6: docs/methods/p6-gspo-lora.md;
     # terminal_bench and humaneval only; see tasks/records/suites/terminal_bench.py); "exact"
     # (reasoning_gym only) = 1.0 iff the answer equals the reference (numbers compared as numbers),
     # else 0.0: no partial credit (reasoning-gym's own score_answer gives 0.5 to "-2" for "2").

@@ -22,7 +22,7 @@ class LoraConfig(_Strict):
 
 
 class KLConfig(_Strict):
-    """KL regularisation towards the reference policy (METHODS.md, P5).
+    """KL regularisation towards the reference policy (P5: docs/methods/p5-kl.md).
 
     ``estimator`` k1/k2/k3 (Schulman's estimators), ``placement`` ``reward`` (detached, summed over
     the sequence and subtracted from the reward before advantages) or ``loss`` (beta * mean k added
@@ -217,8 +217,9 @@ class TrainConfig(_Strict):
 
 
 class ArmConfig(_Strict):
-    """One training arm (METHODS.md P4, P5): trained from the same frozen records and rollouts as
-    every other arm, with its own checkpoint ``train/checkpoints/<name>/step-<steps>``.
+    """One training arm (docs/methods/p4-within-cross.md, docs/methods/p5-kl.md): trained from the
+    same frozen records and rollouts as every other arm, with its own checkpoint
+    ``train/checkpoints/<name>/step-<steps>``.
 
     ``name`` names the arm's checkpoint (``base`` is the untrained policy, so it is refused);
     ``train`` overrides are deep-merged onto the top-level ``train`` section (a nested mapping

@@ -1,5 +1,5 @@
 """The papers' headlines as pre-registered findings: a measure, its interval, and a verdict by a
-rule fixed before any attempt ran (docs/findings-rules.md).
+rule fixed before any attempt ran (docs/experiments/findings-rules.md).
 
 Each finding is one of ``plan["findings"]`` (from ``evaluate.findings``, sealed in the plan and
 the pre-registration). It is computed from the sealed rows and the contrast table only, with
@@ -21,7 +21,7 @@ VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 
 def verdict(claim: str, estimate: float | None, ci_low: float | None, ci_high: float | None, margin: float,
             control_estimate: float | None = None) -> tuple[str, str]:
-    """``(verdict, reason)`` of one finding by the pre-registered rule (docs/findings-rules.md).
+    """``(verdict, reason)`` of one finding by the pre-registered rule (docs/experiments/findings-rules.md).
 
     - ``increase``: *reproduced* when the interval lies above 0 and, with a control, the
       control's estimate is below this estimate; *not reproduced* when the interval lies below
@@ -69,7 +69,7 @@ def spread_gap(rates: np.ndarray) -> float:
     ``max_h P - min_h P``, the recipe spread the mean over harnesses of ``max_c P - min_c P``;
     returns harness spread minus recipe spread (success-rate points). P4's headline: the
     evaluation harness moved the solve rate 2.14% -> 9.27% and the training recipe only
-    5.55% -> 6.46% (METHODS.md P4, in the project's docs/methods).
+    5.55% -> 6.46% (P4: docs/methods/p4-within-cross.md).
     """
     p = rates.mean(axis=2)
     return float((p.max(axis=1) - p.min(axis=1)).mean() - (p.max(axis=0) - p.min(axis=0)).mean())
@@ -87,7 +87,7 @@ def predictor_gap(c: np.ndarray, m: np.ndarray, y: np.ndarray) -> float:
 
     ``c``, ``m``, ``y``: float ``[n_cells]``, the ceiling, the mismatch and the target (gain or
     trained return) per cell. Positive: C - M predicts better than either component alone
-    (METHODS.md P1, in the project's docs/methods). NaN when any R^2 is undefined (a constant
+    (P1: docs/methods/p1-ceiling-mismatch.md). NaN when any R^2 is undefined (a constant
     predictor or target)."""
     r = [_r2(c - m, y), _r2(c, y), _r2(m, y)]
     return float("nan") if any(np.isnan(r)) else r[0] - max(r[1], r[2])

@@ -1,6 +1,6 @@
 """Evaluation statistics: unbiased pass@k, the checkpoint x harness matrix of a sealed
 evaluation, task-clustered paired bootstrap CIs for pre-registered contrasts with Bonferroni
-correction, and the minimum detectable difference (METHODS.md, P4)."""
+correction, and the minimum detectable difference (P4: docs/methods/p4-within-cross.md)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def cell_table(rows: list[dict[str, Any]], plan: dict[str, Any], min_graded_frac
     Per (checkpoint, harness) cell, over each planned attempt's final outcome
     (:func:`final_attempts`): ``graded`` = resolved + unresolved + timeout, ``infra_errors``
     left out of every denominator and reported apart, ``graded_fraction`` = graded / planned,
-    ``counted`` = graded_fraction >= ``min_graded_fraction`` (METHODS.md P4: 95%). For a counted
+    ``counted`` = graded_fraction >= ``min_graded_fraction`` (P4, docs/methods/p4-within-cross.md: 95%). For a counted
     cell: ``pass_at_1`` = mean over tasks of c/n (the unbiased pass@1), ``pass_at_k`` = mean over
     tasks with >= k graded attempts of :func:`pass_at_k` (k = the plan's attempts), ``avg_at_k``
     = mean over tasks of the mean reward of the graded attempts (= pass@1 for binary rewards),

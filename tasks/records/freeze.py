@@ -31,7 +31,7 @@ def split_by_hash(tasks: list[Task], test_fraction: float) -> dict[str, str]:
 
 
 def record_id(task_hash: str, harness_id: str, seed: int) -> str:
-    """record_id = sha256([task_hash, harness_id, seed]) (DESIGN.md, artifacts)."""
+    """record_id = sha256([task_hash, harness_id, seed]) (docs/design.md, artifacts)."""
     return sha256_json([task_hash, harness_id, seed])
 
 

@@ -119,7 +119,7 @@ def exact_answer_reward(answer: str, reference: str) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# the P6 reward rule (METHODS.md P6), shared by the suites that carry per-test lists
+# the P6 reward rule (P6: docs/methods/p6-gspo-lora.md), shared by the suites that carry per-test lists
 
 REWARD_RULES = ("fraction", "p6")
 
@@ -137,7 +137,7 @@ def entry_passed(entry: str, tests: dict[str, bool]) -> bool:
 
 def p6_reward(fail_to_pass: list[str], pass_to_pass: list[str], tests: dict[str, bool]) -> float:
     """P6's reward: passed fail-to-pass tests / ``len(fail_to_pass)``, forced to 0.0 when any
-    pass-to-pass test does not pass (Mehta et al., arXiv 2610.00890, as summarized in METHODS.md P6).
+    pass-to-pass test does not pass (Mehta et al., arXiv 2610.00890, as summarized in docs/methods/p6-gspo-lora.md).
 
     ``tests``: {test id: passed} of the grading run; entries match ids by
     :func:`entry_passed`. With an empty ``fail_to_pass`` (every hidden test already passed on

@@ -2,7 +2,7 @@
 
 The rollout stage stamps every episode with its group (``episodes.group_id``) and the trainer
 groups sequences for advantages (:mod:`tasks.train.advantages`) by the same rule, so the rule lives
-here, below both. Within / Cross grouping: METHODS.md, P4 (Le et al., arXiv 2609.04518).
+here, below both. Within / Cross grouping: docs/methods/p4-within-cross.md (Le et al., arXiv 2609.04518).
 """
 
 from __future__ import annotations

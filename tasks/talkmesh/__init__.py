@@ -1,1 +1,1 @@
-"""TalkMesh (METHODS.md, P3): a mesh of small LM agents that learns to communicate."""
+"""TalkMesh (P3: docs/methods/p3-talkmesh.md): a mesh of small LM agents that learns to communicate."""

@@ -1,4 +1,4 @@
-"""The confidence head and its calibration (METHODS.md, P3 [design]).
+"""The confidence head and its calibration (P3: docs/methods/p3-talkmesh.md, our reconstruction).
 
 c(problem, answer) = sigmoid(w . h + b), where h is the base model's final hidden state (the last
 layer, after its final norm, ``hidden_states[-1]``) at the last token of the text "<chat prompt of

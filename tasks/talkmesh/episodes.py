@@ -1,4 +1,4 @@
-"""TalkMesh as a harness family of the pipeline (METHODS.md P3): episodes, the confidence head as a
+"""TalkMesh as a harness family of the pipeline (P3: docs/methods/p3-talkmesh.md): episodes, the confidence head as a
 rollout artifact, and the talk policy's training sequences.
 
 A harness with ``loop_type: talkmesh`` (:class:`tasks.harnesses.spec.MeshSpec`) is not run by the

@@ -1,4 +1,4 @@
-"""The TalkMesh protocol (METHODS.md, P3; Turkcan, arXiv 2609.30578), pure and batched.
+"""The TalkMesh protocol (docs/methods/p3-talkmesh.md; Turkcan, arXiv 2609.30578), pure and batched.
 
 N agents share one base model. For every problem:
 

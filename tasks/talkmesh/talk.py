@@ -6,7 +6,7 @@ openai; :func:`tasks.rollout.engines.load_policy`) with chat prompts built by
 :class:`tasks.rollout.policy.ChatFormat`; answers are parsed with the harness's answer pattern
 (:func:`tasks.harnesses.actions.parse_reply`, then its fallback).
 
-Talk GRPO (METHODS.md, P3): a revision's reward is R = 1[revision correct] - 1[proposal correct]
+Talk GRPO (P3: docs/methods/p3-talkmesh.md): a revision's reward is R = 1[revision correct] - 1[proposal correct]
 (in {-1, 0, 1}); a hint's reward is the mean R of the revisions it caused. Advantages are
 normalised within each problem (one group per (problem, kind)) by the trainer's GRPO
 (:func:`tasks.train.advantages.group_advantages`), which takes rewards of any scale.

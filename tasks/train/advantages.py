@@ -2,7 +2,7 @@
 
 GRPO (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2): A_i = (r_i - mean(r_g)) / (std(r_g) + eps),
 shared by every token of sample i. Dr. GRPO (arXiv 2503.20783) drops the std division
-(``scale="none"``). Within / Cross grouping: METHODS.md, P4 (Le et al., arXiv 2609.04518).
+(``scale="none"``). Within / Cross grouping: docs/methods/p4-within-cross.md (Le et al., arXiv 2609.04518).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def zero_signal_fraction(advantages: torch.Tensor, group_ids: Sequence[str]) -> 
 
 def residualized_rewards(rewards: torch.Tensor | Sequence[float], task_ids: Sequence[str],
                          harness_ids: Sequence[str]) -> torch.Tensor:
-    """P4's residualized Cross (METHODS.md): subtract from each reward a leave-one-task-out
+    """P4's residualized Cross (docs/methods/p4-within-cross.md): subtract from each reward a leave-one-task-out
     per-harness baseline, b_{h,-x} = mean reward of harness h over every *other* task, so that a
     harness's overall success rate no longer leaks into the pooled per-task advantage.
 
@@ -103,7 +103,7 @@ def residualized_rewards(rewards: torch.Tensor | Sequence[float], task_ids: Sequ
 
 def coverage_matched_mask(within_adv: torch.Tensor, cross_adv: torch.Tensor, cross_groups: Sequence[str], *,
                           seed: int) -> torch.Tensor:
-    """P4's coverage-matched Cross (METHODS.md; Le et al., arXiv 2609.04518): Cross grouping kept
+    """P4's coverage-matched Cross (docs/methods/p4-within-cross.md; Le et al., arXiv 2609.04518): Cross grouping kept
     on a subset of whole Cross groups whose non-zero-advantage samples number as many as Within
     has, so both rules train on the same amount of signal.
 

@@ -1,7 +1,8 @@
 """Which sequences go into which optimizer step: groups under a grouping rule, mini-batches of
 whole groups shuffled per epoch, and the tasks each online iteration samples.
 
-Pure functions of their inputs and a seed (METHODS.md, "Common ground" and P4); no model here.
+Pure functions of their inputs and a seed (docs/methods/index.md, "Common ground", and
+docs/methods/p4-within-cross.md); no model here.
 """
 
 from __future__ import annotations

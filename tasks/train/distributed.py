@@ -2,7 +2,7 @@
 the processes (torch's own launcher) or joining ``torchrun``'s, and gathering what every process
 needs from the others.
 
-The global batch keeps its meaning (METHODS.md, "Common ground"): a mini-batch of
+The global batch keeps its meaning (docs/methods/index.md, "Common ground"): a mini-batch of
 ``train.batch_size`` whole groups is split across the ``world_size`` processes by whole groups
 (:func:`shard_groups`), each process computes its share's loss with the *mini-batch's* global
 denominators (tokens or sequences) scaled by ``world_size``, and DDP averages the gradients, so

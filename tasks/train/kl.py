@@ -1,7 +1,7 @@
 """Per-token estimators of the reverse KL(pi_theta || pi_ref) on samples from pi_theta.
 
 With log r_t = log pi_ref(y_t) - log pi_theta(y_t) (J. Schulman, "Approximating KL divergence",
-2020; METHODS.md, P5):
+2020; P5: docs/methods/p5-kl.md):
 
 - k1 = -log r_t                      unbiased value, high variance
 - k2 = 0.5 * (log r_t)^2             biased value, low variance

@@ -1,5 +1,5 @@
 """P5's table, checked: which (KL estimator, placement) gives an unbiased gradient of the
-sequence-level reverse KL (Shah et al., arXiv 2512.21852; METHODS.md, P5).
+sequence-level reverse KL (Shah et al., arXiv 2512.21852; P5: docs/methods/p5-kl.md).
 
 A tabular autoregressive policy over a vocabulary of V tokens and sequences of length L (every
 one of the V^L sequences is enumerable) has one logit vector per prefix. For it we compute in
@@ -35,7 +35,7 @@ import torch
 
 from tasks.train.kl import importance_weighted, kl_estimate
 
-# What METHODS.md (P5) says of each configuration: True = unbiased gradient of the sequence KL.
+# What P5 says (docs/methods/p5-kl.md) of each configuration: True = unbiased gradient of the sequence KL.
 PAPER_CLAIMS: dict[str, bool] = {
     "k1/reward": True, "k1/loss": False, "k1/both": True,
     "k2/reward": False, "k2/loss": False, "k2/both": False,

@@ -2,7 +2,7 @@
 ratio), with separate low/high clip ranges, the field's three loss aggregations and optional
 truncated importance-sampling weights.
 
-Notation (METHODS.md): l_t = log pi_theta(y_t) - log pi_old(y_t), A_i the sample's advantage,
+Notation (docs/methods/index.md): l_t = log pi_theta(y_t) - log pi_old(y_t), A_i the sample's advantage,
 m_t the loss mask (1 = a token the policy generated, 0 = prompt, observation, padding).
 
 - GRPO (arXiv 2402.03300, eq. 3; DAPO clip-higher arXiv 2503.14476):

@@ -17,7 +17,8 @@ def test_kl_soft_ceiling_hand_value():
 
 
 def test_kl_soft_ceiling_is_per_task_then_averaged():
-    # METHODS.md P1 by hand: half the tasks at p = 0 (never solved: cannot be lifted), half at 0.6
+    # P1 by hand (docs/methods/p1-ceiling-mismatch.md): half the tasks at p = 0 (never solved:
+    # cannot be lifted), half at 0.6
     j = 0.6 * math.exp(20) / (0.4 + 0.6 * math.exp(20))  # J(0.6) at beta 0.05
     assert kl_soft_ceiling_tasks([0.0, 0.6], 0.05) == pytest.approx(0.5 * j, abs=1e-15)
     assert kl_soft_ceiling_tasks([0.0, 0.6, 0.0, 0.6], 0.05) == pytest.approx(0.5 * j, abs=1e-15)

@@ -118,7 +118,7 @@ def test_published_rows_copy_the_verified_findings_and_verify_catches_an_edited_
     from tasks.evaluate.seal import SealError
 
     store, _ = found
-    rows = finding_rows(store, config="configs/x.yaml", config_hash="ab" * 32, commit="c0ffee")
+    rows = finding_rows(store, config="configs/p4-findings.yaml", config_hash="ab" * 32, commit="c0ffee")
     assert [r["name"] for r in rows] == ["harness-moves-more", "gain-direct"]
     need = {"paper", "headline", "measure", "estimate", "ci_low", "ci_high", "n", "verdict", "control", "config",
             "config_hash", "commit", "key_fingerprint", "wall_s"}

@@ -131,3 +131,11 @@ def test_coverage_matched_first_fit_fills_with_a_smaller_group_and_keeps_all_whe
     assert coverage_matched_mask(cross, within, g, seed=0).all()  # Cross (now 2 non-zero) <= target 5: keep all
     with pytest.raises(ValueError, match="differ in length"):
         coverage_matched_mask(within, cross, g[:-1], seed=0)
+
+
+def test_group_ids_is_still_reachable_where_the_design_page_names_it():
+    import tasks.rollout.groups
+    import tasks.train.advantages
+
+    assert tasks.train.advantages.group_ids is tasks.rollout.groups.group_ids
+    assert tasks.train.advantages.group_ids(["t", "t"], ["a", "b"], "within") == ["t|a", "t|b"]

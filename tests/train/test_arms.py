@@ -1,5 +1,6 @@
-"""Training arms (METHODS.md P4/P5): config merge and validation, several adapters from one set of
-rollouts on the tiny model, per-arm resume after a crash, and the default contrasts."""
+"""Training arms (docs/methods/p4-within-cross.md, docs/methods/p5-kl.md): config merge and
+validation, several adapters from one set of rollouts on the tiny model, per-arm resume after a
+crash, and the default contrasts."""
 
 import json
 from pathlib import Path

@@ -92,7 +92,7 @@ def _exact_kl(tr):
     return float((lp.exp() * (lp - lr)).sum())
 
 
-# P5 (METHODS.md): configurations whose gradient is unbiased for the reverse KL (k1 in reward, k1 or k3
+# P5 (docs/methods/p5-kl.md): configurations whose gradient is unbiased for the reverse KL (k1 in reward, k1 or k3
 # in both), token-level unbiased (k2 in loss) or a forward-KL gradient (k3 in loss). The others are biased
 # (k2 / k3 in reward) or zero in expectation (k1 in loss, "beta = 0 plus noise"); on a finite batch
 # their step can raise the exact KL, and it does here (measured: k1/loss, k2/reward, k3/reward

@@ -57,7 +57,7 @@ container): the module under test runs in the test process, so code in the agent
 written to patch the runner at import could change what it reports; an early ``os._exit`` or a
 flood of output does not.
 
-Reward rule ``suites[].reward: p6`` (METHODS.md P6; the default ``fraction`` is the rule above):
+Reward rule ``suites[].reward: p6`` (P6: docs/methods/p6-gspo-lora.md; the default ``fraction`` is the rule above):
 the spec also carries ``fail_to_pass`` and ``pass_to_pass`` test ids and the reward is passed
 fail-to-pass / their count, forced to 0 when a pass-to-pass test does not pass
 (:func:`~tasks.records.verifiers.p6_reward`). The lists are a property of the task (hidden tests
