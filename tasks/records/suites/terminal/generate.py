@@ -1,6 +1,9 @@
 """Writes the task folders of the built-in terminal suite (this folder) from seeded data.
 
-Run from the repository root: ``python tasks/records/suites/terminal/generate.py``. Every input is
+Run from the repository root: ``python tasks/records/suites/terminal/generate.py [OUT] [--no-lists]``
+(OUT: where the task folders go, default this folder; ``--no-lists``: skip the fail-to-pass /
+pass-to-pass lists, which need bwrap sandboxes; ``tests/records/test_terminal_generator.py`` writes
+into a temporary folder that way and compares with the committed folders byte for byte). Every input is
 drawn from ``random.Random(<task number>)``, so a rerun writes byte-identical files; the expected
 values in each ``tests/test_outputs.py`` are computed here from the same data (the tests never
 recompute them from /app, which the agent could edit). Most tasks use the Terminal-Bench 1 layout
@@ -10,9 +13,11 @@ recompute them from /app, which the agent could edit). Most tasks use the Termin
 bash, coreutils, findutils, grep, sed, tar, gzip and python3 (no awk, bc, perl or jq: the sandbox
 images need not have them).
 """
-import json, os, random, textwrap
+import json, os, random, sys, textwrap
 from pathlib import Path
-ROOT = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent
+_ARGS = [a for a in sys.argv[1:] if a != "--no-lists"]
+ROOT = Path(_ARGS[0]).resolve() if _ARGS else HERE
 
 def w(path, text, mode=None):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1283,10 +1288,11 @@ echo $(( $(find . -type f ! -name SHA256SUMS -printf '%s+')0 )) > ../release_siz
 # folder, keyed by a hash of the tests, oracle and workspace, which the loader checks. Computed
 # here once rather than at every freeze or grading: the builtin tasks are fixed, and the lists are
 # then reviewed in git like the tests themselves.
-import sys
-sys.path.insert(0, str(ROOT.parents[3]))
-from tasks.records.suites import terminal_bench as _tb  # noqa: E402
-for _d in sorted(p for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")):
-    _t = _tb.task_from_folder(_d, _tb.BUILTIN)
-    _files = _t.workspace["files"]
-    _tb.write_lists_file(_d, _tb.compute_test_lists(_t.verifier_spec, _files), _tb.lists_key(_t.verifier_spec, _files))
+if "--no-lists" not in sys.argv[1:]:
+    sys.path.insert(0, str(HERE.parents[3]))
+    from tasks.records.suites import terminal_bench as _tb  # noqa: E402
+    for _d in sorted(p for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        _t = _tb.task_from_folder(_d, _tb.BUILTIN)
+        _files = _t.workspace["files"]
+        _tb.write_lists_file(_d, _tb.compute_test_lists(_t.verifier_spec, _files),
+                             _tb.lists_key(_t.verifier_spec, _files))
