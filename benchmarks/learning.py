@@ -180,7 +180,6 @@ def evaluate(config: str, overrides: dict[str, Any], adapters: list[str | None],
     from tasks.rollout.engines.base import load_tokenizer
     from tasks.rollout.models import resolve_model
     from tasks.rollout.engines import load_policy
-
     from tasks.rollout.runner import run_records
 
     cfg, tasks, specs, _train, test = _setup(config, overrides)

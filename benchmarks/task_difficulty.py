@@ -102,7 +102,6 @@ def main() -> None:
     from tasks.records.freeze import freeze_tables
     from _results import tiny_model
     from tasks.rollout.engines import load_policy
-
     from tasks.rollout.runner import run_records
 
     families = args.family or sorted(FAMILIES)

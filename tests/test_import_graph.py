@@ -10,15 +10,16 @@ The layers, lowest first (a module may import its own layer and those below it):
 | 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``) |
 | 1 | ``tasks.harnesses`` |
 | 2 | ``tasks.config`` |
-| 3 | ``tasks.rollout``, ``tasks.records`` (one rank: the verifiers run in the rollout's sandbox and browser, and the rollout grades with the verifiers) |
+| 3 | ``tasks.rollout``, ``tasks.records`` (one rank, see below) |
 | 4 | ``tasks.train`` |
 | 5 | ``tasks.evaluate`` |
 | 6 | ``tasks.analysis`` |
 | 7 | the applications: ``tasks.talkmesh``, ``tasks.bipa`` |
 | 8 | ``flows`` |
 
-The applications plug into the cores through :mod:`tasks.rollout.loop_plugins` and the contract
-registry instead of being imported by them.
+``tasks.rollout`` and ``tasks.records`` share a rank: the verifiers run in the rollout's sandbox and
+browser, and the rollout grades with the verifiers. The applications plug into the cores through
+:mod:`tasks.rollout.loop_plugins` and the contract registry instead of being imported by them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Online sampling through a long-lived engine whose weights the trainer updates in place.
 
 :class:`EngineSampler` is the :class:`tasks.train.loops.OnlineSampler` of ``train.mode: online``
-with an engine that syncs in place (``policy.engine: vllm``; registry ``online: in_place``): one engine, started once on the base model, runs every batch; after
-each optimizer phase the trainer's current policy (LoRA merged into the base weights,
+with an engine that syncs in place (``policy.engine: vllm``; registry ``online: in_place``): one
+engine, started once on the base model, runs every batch; after each optimizer phase the
+trainer's current policy (LoRA merged into the base weights,
 :meth:`tasks.train.trainer.Trainer.merged_state`) is loaded into the running engine
 (:meth:`tasks.rollout.engines.vllm_engine.VLLMPolicy.load_weights`), never restarting it.
 
@@ -84,7 +85,8 @@ class EngineSampler:
 
     Args:
         engine: a :class:`tasks.rollout.engines.base.WeightSyncEngine` (registry ``online:
-            in_place``: the ``vllm`` engine), started on the base model (the canary's first "moved" check starts there).
+            in_place``: the ``vllm`` engine), started on the base model (the canary's first
+            "moved" check starts there).
         sample: ``sample(engine, iteration, version) -> SampledBatch``: runs one iteration's
             episodes with the engine (its weights are those of policy ``version``).
         dtype: the dtype of the weights sent (``policy.rollout_dtype``).

@@ -243,8 +243,10 @@ def test_online_arms_put_the_arm_in_the_policy_id(monkeypatch):
     from tasks.train.stage import _online_sampler
 
     pids, tags = [], []
-    monkeypatch.setattr(hf_engine.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: pids.append(policy_id)))
-    monkeypatch.setattr(runner, "run_records", lambda pol, c, specs, tasks, recs, n, seed, tag: (tags.append(tag), ([], []))[1])
+    monkeypatch.setattr(hf_engine.HFPolicy, "from_model",
+                        classmethod(lambda cls, m, tok, pc, policy_id: pids.append(policy_id)))
+    monkeypatch.setattr(runner, "run_records",
+                        lambda pol, c, specs, tasks, recs, n, seed, tag: (tags.append(tag), ([], []))[1])
 
     class Store:
         def rows(self, ref):
