@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -10,7 +11,7 @@ from prefect import flow, get_run_logger
 from flows.common import call_stage, stage_task
 from flows.naming import flow_run_namer
 from tasks.analysis.report import md_cell
-from schemas import ArtifactRef
+from schemas import ArtifactRef, ArtifactStore
 from tasks.analysis.stage import run_analyze
 from tasks.config import RunConfig
 from tasks.evaluate.stage import run_evaluate
@@ -19,7 +20,20 @@ from tasks.rollout.loop_plugins import state_artifacts
 from tasks.rollout.stage import run_rollout
 from tasks.train.stage import run_train
 
-freeze_task = stage_task("freeze", run_freeze)
+def freeze_and_preregister(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
+    """The freeze stage as the pipeline runs it: :func:`tasks.records.stage.run_freeze`, then the
+    evaluation's pre-registration (evaluation harnesses, contrasts, alpha, findings) written into
+    the freeze folder, hashed and signed before any training (:mod:`tasks.evaluate.prereg`). Kept
+    here, above both layers, so that the records layer never imports the evaluation layer."""
+    from tasks.evaluate.prereg import PREREG, write_preregistration
+
+    out = run_freeze(store, cfg, inputs)
+    logging.getLogger("harnessrl.freeze").info("pre-registered the evaluation (%s, SHA-256 %s), signed", PREREG,
+                                               write_preregistration(store, cfg)[:16])
+    return out
+
+
+freeze_task = stage_task("freeze", freeze_and_preregister)
 rollout_task = stage_task("rollout", run_rollout)
 train_task = stage_task("train", run_train)
 evaluate_task = stage_task("evaluate", run_evaluate)

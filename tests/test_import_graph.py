@@ -42,10 +42,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     APPLICATIONS,
     ("flows",),
 )
-# The one import allowed to run up: the freeze stage signs the pre-registration of the evaluation
-# (tasks.evaluate.prereg, which needs the evaluate package's signing key) at freeze time, before
-# any training. It is the door of its stage, which nothing but the flows opens.
-UPWARD_ALLOWED = {("tasks.records.stage", "tasks.evaluate.prereg")}
+# Imports allowed to run up, by name (none: the freeze stage's pre-registration of the evaluation
+# is written by the flow, flows.stages.freeze_and_preregister, above both layers).
+UPWARD_ALLOWED: set[tuple[str, str]] = set()
 # Who may open a stage's door.
 STAGE_OPENERS = ("flows", "benchmarks", "tests")
 

@@ -26,10 +26,6 @@ def run_freeze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactR
             log.info("split of %s: %d train, %d test; test tasks sharing a prompt with train %d, a problem %d%s",
                      row["suite"], row["n_train"], row["n_test"], row["test_same_prompt"], row["test_same_problem"],
                      " (split.disjoint)" if row["disjoint"] else "")
-    # pre-registration: evaluation harnesses, contrasts and alpha, hashed and signed before training
-    from tasks.evaluate.prereg import PREREG, write_preregistration
-
-    log.info("pre-registered the evaluation (%s, SHA-256 %s), signed", PREREG, write_preregistration(store, cfg)[:16])
     n_test = sum(1 for x in tasks if x["split"] == "test")
     log.info("froze %d tasks (%d train, %d test) x %d harnesses = %d records", len(tasks), len(tasks) - n_test,
              n_test, len(harnesses), len(records))

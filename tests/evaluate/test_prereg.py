@@ -46,11 +46,11 @@ def _cfg(**ev):
 
 
 def test_freeze_stage_writes_and_signs_it_and_the_plan_records_it(tmp_path):
-    from tasks.records.stage import run_freeze
+    from flows.stages import freeze_and_preregister
 
     cfg = _cfg()
     store = ArtifactStore(tmp_path / "fz")
-    run_freeze(store, cfg, {})
+    freeze_and_preregister(store, cfg, {})
     assert store.read_json(PREREG) == preregistration(cfg) and store.exists(PREREG_SIG)
     assert preregistration(cfg) == {"version": 1, "harnesses": ["direct", "react-python"], "held_out": ["react-python"],
                                     "contrasts": "default", "alpha": 0.05}
