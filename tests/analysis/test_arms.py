@@ -58,3 +58,22 @@ def test_training_stability_nan_kl_without_kl_term_is_stable_but_inf_kl_is_not()
     assert rows["nokl"]["stable"] and rows["nokl"]["max_kl"] is None and rows["nokl"]["nonfinite_steps"] == 0
     assert not rows["infkl"]["stable"] and rows["infkl"]["nonfinite_steps"] == 1
     assert not rows["nangrad"]["stable"] and "step(s) [1]" in rows["nangrad"]["reason"]
+
+
+def test_the_preregistered_rule_flags_a_reward_collapse_and_a_gradient_out_of_its_band():
+    rule = {"window": 2, "reward_collapse": 0.5, "grad_norm_factor": 10.0}
+    rewards = {"steady": [0.2, 0.2, 0.25, 0.3, 0.2, 0.15], "collapse": [0.3, 0.2, 0.2, 0.1, 0.1, 0.1],
+               "spike": [0.2] * 6}
+    steps = [{**_step(arm, i, 0.01, reward=r), "grad_norm": 50.0 if (arm == "spike" and i == 4) else 2.0 + i % 2}
+             for arm, rs in rewards.items() for i, r in enumerate(rs)]
+    rows = {r["arm"]: r for r in training_stability(steps, divergence_kl=1.0, rule=rule)}
+    # steady: early (0.2 + 0.2) / 2 = 0.2, late (0.2 + 0.15) / 2 = 0.175 >= 0.1; grad norms 2-3 (median 2.5)
+    assert rows["steady"]["stable"] and rows["steady"]["late_reward"] == pytest.approx(0.175)
+    assert rows["steady"]["early_grad_norm"] == pytest.approx(2.5) and rows["steady"]["max_grad_norm"] == 3.0
+    # collapse: early 0.25, late 0.1 < 0.5 x 0.25
+    assert not rows["collapse"]["stable"] and "reward collapsed" in rows["collapse"]["reason"]
+    assert rows["collapse"]["early_reward"] == pytest.approx(0.25)
+    # spike: 50 > 10 x 2.5
+    assert not rows["spike"]["stable"] and "grad norm 50 > 10 x early median 2.5" in rows["spike"]["reason"]
+    # without the rule only finiteness and the KL threshold count: all three stable
+    assert all(r["stable"] for r in training_stability(steps, divergence_kl=1.0))
