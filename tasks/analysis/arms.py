@@ -130,3 +130,41 @@ def training_stability(steps: list[dict[str, Any]], divergence_kl: float,
                     "early_grad_norm": early_g, "max_grad_norm": max_g, "stable": not reasons,
                     "reason": "; ".join(reasons)})
     return out
+
+
+def choose_kl_beta(steps: list[dict[str, Any]], beta_of: dict[str, float], anchor: str, *, last: int = 3,
+                   ratio: float = 0.5) -> dict[str, Any]:
+    """P5's beta by the rule fixed before the pilot (docs/experiments/findings-rules.md): per arm
+    L = the mean per-token KL (nats, the ``kl`` column) over its last ``last`` steps; the chosen
+    beta is the smallest candidate (every arm of ``beta_of`` but ``anchor``) whose L is at most
+    ``ratio`` times the anchor's L (the anchor trains at a negligible beta, so its L is the drift
+    without the term), else the largest candidate.
+
+    Args:
+        steps: ``train_steps`` rows (``arm``, ``step``, ``kl``).
+        beta_of: arm name -> its beta.
+        anchor: the arm at the negligible beta.
+
+    Returns:
+        ``{"beta", "rule_met", "late_kl": {arm: L}, "anchor_kl"}``.
+
+    Raises:
+        ValueError: an arm of ``beta_of`` with no step, fewer than ``last`` steps, or a non-finite KL
+            in its last ``last`` steps (the KL was not measured: beta 0); no candidate.
+    """
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in steps:
+        by[s.get("arm") or "final"].append(s)
+    late: dict[str, float] = {}
+    for arm in beta_of:
+        rs = sorted(by.get(arm, []), key=lambda r: r["step"])[-last:]
+        if len(rs) < last or not all(math.isfinite(r["kl"]) for r in rs):
+            raise ValueError(f"arm {arm!r}: needs {last} steps with a measured KL, has "
+                             f"{sum(math.isfinite(r['kl']) for r in rs)}")
+        late[arm] = float(np.mean([r["kl"] for r in rs]))
+    candidates = sorted((b, a) for a, b in beta_of.items() if a != anchor)
+    if not candidates:
+        raise ValueError("no candidate beta besides the anchor")
+    met = [b for b, a in candidates if late[a] <= ratio * late[anchor]]
+    return {"beta": met[0] if met else candidates[-1][0], "rule_met": bool(met), "late_kl": late,
+            "anchor_kl": late[anchor]}

@@ -77,3 +77,21 @@ def test_the_preregistered_rule_flags_a_reward_collapse_and_a_gradient_out_of_it
     assert not rows["spike"]["stable"] and "grad norm 50 > 10 x early median 2.5" in rows["spike"]["reason"]
     # without the rule only finiteness and the KL threshold count: all three stable
     assert all(r["stable"] for r in training_stability(steps, divergence_kl=1.0))
+
+
+def test_the_beta_rule_takes_the_smallest_beta_that_halves_the_drift():
+    from tasks.analysis.arms import choose_kl_beta
+
+    kl = {"b0": [0.01, 0.02, 0.03, 0.04, 0.05], "b1": [0.01, 0.02, 0.03, 0.03, 0.03],
+          "b2": [0.01, 0.01, 0.02, 0.02, 0.02], "b3": [0.01, 0.01, 0.01, 0.01, 0.01]}
+    steps = [{"arm": a, "step": i, "kl": v} for a, vs in kl.items() for i, v in enumerate(vs)]
+    beta = {"b0": 0.001, "b1": 0.05, "b2": 0.3, "b3": 1.0}
+    got = choose_kl_beta(steps, beta, "b0")
+    # L: b0 0.04, b1 0.03 (> 0.02), b2 0.02 (at most half), b3 0.01 -> the smallest qualifying beta is 0.3
+    assert got["beta"] == 0.3 and got["rule_met"] and got["anchor_kl"] == pytest.approx(0.04)
+    assert got["late_kl"]["b1"] == pytest.approx(0.03) and got["late_kl"]["b2"] == pytest.approx(0.02)
+    none = choose_kl_beta([s for s in steps if s["arm"] in ("b0", "b1")], {"b0": 0.001, "b1": 0.05}, "b0")
+    assert none == {**none, "beta": 0.05, "rule_met": False}  # no candidate halves it: the largest
+    with pytest.raises(ValueError, match="needs 3 steps with a measured KL"):
+        choose_kl_beta(steps + [{"arm": "nokl", "step": i, "kl": math.nan} for i in range(5)],
+                       {**beta, "nokl": 0.0}, "b0")
