@@ -336,7 +336,7 @@ def findings(
     import json
     import subprocess
 
-    from flows.findings import finding_rows
+    from flows.findings import ARMS_FILE, finding_rows
     from schemas import ArtifactStore
     from tasks.evaluate.seal import SealError
     from tasks.evaluate.verify import NotARunError
@@ -372,9 +372,16 @@ def findings(
         with append.open("a") as fh:
             fh.write("".join(line + "\n" for line in lines))
         typer.echo(f"appended {len(lines)} row(s) to {append}")
-        from flows.findings import copy_figures
+        from flows.findings import arm_rows, copy_figures
 
-        for p in copy_figures(rd, Path("docs/img/findings"), f"{cfg.name}-{cfg.config_hash()[:10]}"):
+        label = f"{cfg.name}-{cfg.config_hash()[:10]}"
+        arms = arm_rows(store, cfg, label)
+        if arms:
+            arms_file = append.parent / ARMS_FILE
+            with arms_file.open("a") as fh:
+                fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in arms))
+            typer.echo(f"appended {len(arms)} arm row(s) to {arms_file}")
+        for p in copy_figures(rd, Path("docs/img/findings"), label):
             typer.echo(f"figure for the findings page: {p}")
 
 

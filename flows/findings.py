@@ -18,7 +18,9 @@ from schemas import ArtifactStore
 from tasks.evaluate.seal import SealError
 
 # the report figures a findings page shows for each published run (analyze/plots/<name>.png)
-FIGURES = ("pass_rate_heatmap", "learning_curves", "ceiling_vs_return")
+FIGURES = ("pass_rate_heatmap", "learning_curves", "learning_vs_step", "ceiling_vs_return")
+# beside findings.jsonl: one row per training arm of each published run (stability, KL bias, pass@1)
+ARMS_FILE = "findings_arms.jsonl"
 # the numbers of a row that come from the run's eval_findings table, compared by verify
 ROW_NUMBERS = ("estimate", "ci_low", "ci_high", "n", "verdict", "control")
 
@@ -110,4 +112,41 @@ def copy_figures(run_dir: Path, out_dir: Path, prefix: str) -> list[Path]:
             dst = out_dir / f"{prefix}--{name}.png"
             shutil.copyfile(src, dst)
             out.append(dst)
+    return out
+
+
+def arm_rows(store: ArtifactStore, cfg: Any, run: str) -> list[dict[str, Any]]:
+    """One row per training arm of an analysed run, for the findings page's arm table (P5, P6):
+    ``run``, ``arm``, ``kl_config`` (estimator/placement[/stale[-is]], ``""`` without KL),
+    ``beta``, ``max_staleness``, ``unbiased`` and ``relative_bias`` (P5's estimator table by
+    enumeration, ``analyze/kl_check``; None where the run has none or the arm has no KL),
+    ``stable`` and ``reason`` (the pre-registered rule, ``analyze/training_stability``),
+    ``early_reward``/``late_reward``, and ``pass_at_1`` per (harness, suite) with the interval
+    (``analyze/suite_pass_rates``). Empty when the run has no analysed arms.
+
+    Raises:
+        ArtifactError: an analyze artifact differs from its manifest.
+    """
+    from tasks.analysis.stage import arm_spec
+
+    if not store.exists("analyze/training_stability.manifest.json"):
+        return []
+    stab = {r["arm"]: r for r in store.rows(("analyze", "training_stability"))}
+    kl = {r["configuration"]: r for r in store.rows(("analyze", "kl_check"))} \
+        if store.exists("analyze/kl_check.manifest.json") else {}
+    rates = store.rows(("analyze", "suite_pass_rates")) if store.exists("analyze/suite_pass_rates.manifest.json") else []
+    out = []
+    for name, tc in cfg.arm_configs():
+        spec = arm_spec(name, tc)
+        k = kl.get(spec["kl_config"])
+        s = stab.get(name, {})
+        out.append({"run": run, "arm": name, "kl_config": spec["kl_config"], "beta": spec["beta"],
+                    "max_staleness": spec["max_staleness"], "reward_control": tc.reward_control,
+                    "unbiased": None if k is None else bool(k["unbiased"]),
+                    "relative_bias": None if k is None else k["relative_bias"],
+                    "stable": s.get("stable"), "reason": s.get("reason", ""),
+                    "early_reward": s.get("early_reward"), "late_reward": s.get("late_reward"),
+                    "pass_at_1": [{"harness": r["harness_name"], "suite": r["suite"], "pass_at_1": r["pass_at_1"],
+                                   "ci_low": r["ci_low"], "ci_high": r["ci_high"]}
+                                  for r in rates if r["checkpoint"] == name]})
     return out

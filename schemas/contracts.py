@@ -734,7 +734,7 @@ LEARNING_CURVE = _register(
 TRAINING_STABILITY = _register(
     Contract(
         "training_stability",
-        1,
+        2,
         _s(
             ("arm", pa.string()),
             ("steps", pa.int32()),
@@ -743,13 +743,19 @@ TRAINING_STABILITY = _register(
             ("final_kl", pa.float64()),
             ("max_kl", pa.float64()),
             ("nonfinite_steps", pa.int32()),
+            ("early_reward", pa.float64()),
+            ("late_reward", pa.float64()),
+            ("early_grad_norm", pa.float64()),
+            ("max_grad_norm", pa.float64()),
             ("stable", pa.bool_()),
             ("reason", pa.string()),
         ),
         [("unique", "arm")],
         "Per training arm: first and last mean reward, last and largest per-token KL (nats), steps with a NaN/inf "
-        "loss or gradient norm or an infinite KL (a NaN KL means no KL term), and stable = finite and KL <= "
-        "analyze.divergence_kl throughout (reason otherwise).",
+        "loss or gradient norm or an infinite KL (a NaN KL means no KL term), the mean reward of the first and "
+        "last analyze.stability.window steps, the early median and the largest gradient norm, and stable = "
+        "finite, KL <= analyze.divergence_kl, and (with analyze.stability) no reward collapse and no gradient "
+        "norm out of its band (reason otherwise).",
         may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
 )

@@ -274,10 +274,41 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
             iv, r["n"], "" if r.get("control") is None else f"{r['control']:+.3f}", f"**{r['verdict']}**",
             f"`{r['config']}`", f"`{str(r['commit'])[:12]}`", "" if r.get("wall_s") is None else f"{r['wall_s']:.0f}",
         ]) + " |")
-    runs = sorted({p.name.split("--")[0] for p in figures.glob("*--*.png")}) if figures.is_dir() else []
+    af = results / "findings_arms.jsonl"
+    arms: dict[str, list[dict]] = {}
+    for x in (af.read_text().splitlines() if af.is_file() else []):
+        if x.strip():
+            a = json.loads(x)
+            arms.setdefault(a["run"], []).append(a)
+    runs = sorted({p.name.split("--")[0] for p in figures.glob("*--*.png")} | set(arms)) if figures.is_dir() \
+        else sorted(arms)
     for run in runs:
         lines += [f"## `{run}`", ""]
-        for p in sorted(figures.glob(f"{run}--*.png")):
+        latest: dict[str, dict] = {}
+        for a in arms.get(run, []):  # a run published twice: its last rows
+            latest[a["arm"]] = a
+        if latest:
+            lines += ["Training arms: the KL configuration's gradient bias by exact enumeration (`harnessrl kl-check`), "
+                      "stability by the [pre-registered rule](experiments/findings-rules.md#training-stability-p5), "
+                      "the mean training reward over the first and last steps of the stability window, and sealed "
+                      "held-out pass@1 per (harness, suite) with its 95% task-bootstrap interval.", "",
+                      "| arm | KL | beta | staleness | control | unbiased | rel. bias | stable | reward early -> late "
+                      "| pass@1 [95% interval] |",
+                      "| --- | --- | ---: | ---: | --- | --- | ---: | --- | --- | --- |"]
+            for a in latest.values():
+                def yn(v):
+                    return "n/a" if v is None else ("yes" if v else "no")
+                rates = "; ".join(f"{r['harness']} {r['suite'].split('/')[-1]}: " + (
+                    "n/a" if r["pass_at_1"] is None else f"{r['pass_at_1']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
+                    for r in a["pass_at_1"])
+                rw = "n/a" if a.get("early_reward") is None else f"{a['early_reward']:.3f} -> {a['late_reward']:.3f}"
+                lines.append("| " + " | ".join(_cell(str(x)) for x in [
+                    a["arm"], a["kl_config"] or "none", f"{a['beta']:g}", a["max_staleness"],
+                    a.get("reward_control") or "none", yn(a["unbiased"]),
+                    "n/a" if a["relative_bias"] is None else f"{a['relative_bias']:.3f}",
+                    yn(a["stable"]) + (f" ({a['reason']})" if a.get("reason") else ""), rw, rates]) + " |")
+            lines.append("")
+        for p in sorted(figures.glob(f"{run}--*.png")) if figures.is_dir() else []:
             lines += [f"![{p.stem.split('--')[1]} of {run}](img/findings/{p.name})", ""]
     return "\n".join(lines + [""])
 

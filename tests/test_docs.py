@@ -139,3 +139,25 @@ def test_the_findings_page_shows_each_published_row_and_the_run_figures(tmp_path
     assert "| P4 | A \\| B | contrast | +0.123 | [-0.020, +0.250] | 120 | +0.010 | **inconclusive** |" in page
     assert "`0123456789ab` | 5400 |" in page
     assert "![pass_rate_heatmap of p4-findings-abababab](img/findings/p4-findings-abababab--pass_rate_heatmap.png)" in page
+
+
+def test_the_findings_page_shows_each_runs_arms_last_published(tmp_path):
+    row = {"paper": "P5", "name": "x", "headline": "h", "measure": "contrast", "estimate": 0.1, "ci_low": 0.0,
+           "ci_high": 0.2, "n": 10, "verdict": "inconclusive", "control": None, "config": "c", "config_hash": "ab",
+           "commit": "0123456789abcdef", "key_fingerprint": "f", "wall_s": 1.0}
+    (tmp_path / "findings.jsonl").write_text(json.dumps(row) + "\n")
+    arm = {"run": "p5-findings-abc", "arm": "k3-reward", "kl_config": "k3/reward", "beta": 0.3, "max_staleness": 0,
+           "reward_control": "none", "unbiased": False, "relative_bias": 1.804, "stable": False,
+           "reason": "reward collapsed: last 3 steps 0.050 < 0.5 x first 3 0.200", "early_reward": 0.2,
+           "late_reward": 0.05, "pass_at_1": [{"harness": "direct", "suite": "reasoning_gym/chain_sum",
+                                               "pass_at_1": 0.25, "ci_low": 0.1, "ci_high": 0.4}]}
+    nokl = {**arm, "arm": "nokl", "kl_config": "", "beta": 0.0, "unbiased": None, "relative_bias": None, "stable": True,
+            "reason": "", "pass_at_1": [{**arm["pass_at_1"][0], "pass_at_1": None}]}
+    old = {**arm, "stable": True, "reason": ""}  # published before: the later row of the same arm wins
+    (tmp_path / "findings_arms.jsonl").write_text("".join(json.dumps(a) + "\n" for a in (old, arm, nokl)))
+    page = gen_docs.findings_page(tmp_path, tmp_path / "no-figures")
+    assert "## `p5-findings-abc`" in page
+    assert ("| k3-reward | k3/reward | 0.3 | 0 | none | no | 1.804 | no (reward collapsed: last 3 steps 0.050 < 0.5 x "
+            "first 3 0.200) | 0.200 -> 0.050 | direct chain_sum: 0.250 [0.100, 0.400] |") in page
+    assert "| nokl | none | 0 | 0 | none | n/a | n/a | yes | 0.200 -> 0.050 | direct chain_sum: n/a |" in page
+    assert page.count("| k3-reward |") == 1

@@ -4,7 +4,8 @@
   bootstrap interval, and the median number of agent steps (turns) per graded attempt, so in-domain
   and out-of-domain suites, and steps before and after training, read side by side.
 - :func:`training_stability`: per arm, the last and largest KL and whether training stayed
-  finite and below a divergence threshold.
+  finite, below a divergence threshold and (by the pre-registered rule) without a reward
+  collapse or a gradient norm leaving its band.
 """
 
 from __future__ import annotations
@@ -82,15 +83,22 @@ def nonfinite_step(row: dict[str, Any]) -> bool:
     return (not all(math.isfinite(row[c]) for c in ("loss", "grad_norm"))) or math.isinf(row["kl"])
 
 
-def training_stability(steps: list[dict[str, Any]], divergence_kl: float) -> list[dict[str, Any]]:
-    """Rows ``arm, steps, first_reward, final_reward, final_kl, max_kl, nonfinite_steps, stable,
-    reason`` per training arm (the ``arm`` column of ``train_steps``; ``final`` when absent).
+def training_stability(steps: list[dict[str, Any]], divergence_kl: float,
+                       rule: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Rows ``arm, steps, first_reward, final_reward, final_kl, max_kl, nonfinite_steps,
+    early_reward, late_reward, early_grad_norm, max_grad_norm, stable, reason`` per training arm
+    (the ``arm`` column of ``train_steps``; ``final`` when absent), in order of first appearance.
 
     An arm is unstable when any step's loss or gradient norm is not finite (NaN/inf) or its KL is
     infinite (:func:`nonfinite_step`; a NaN KL means not computed, beta 0), or its
-    per-token KL (nats, the configured estimator) exceeds ``divergence_kl`` at any step; ``reason``
-    says which (empty when stable). A heuristic flag for the reader, not a test.
+    per-token KL (nats, the configured estimator) exceeds ``divergence_kl`` at any step. With
+    ``rule`` (``analyze.stability``: ``window`` w, ``reward_collapse`` f, ``grad_norm_factor``
+    g), also when the mean reward of the last w steps (``late_reward``) is below f times that of
+    the first w (``early_reward``; a collapse, judged only when the early mean is above 0), or any
+    finite gradient norm exceeds g times the median of the first w steps' (``early_grad_norm``).
+    ``reason`` says which rules fired (empty when stable). Without ``rule`` the window is 1.
     """
+    w = int(rule["window"]) if rule else 1
     by: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for s in steps:
         by[s.get("arm") or "final"].append(s)
@@ -99,13 +107,64 @@ def training_stability(steps: list[dict[str, Any]], divergence_kl: float) -> lis
         rs = sorted(by[arm], key=lambda r: r["step"])
         bad = [r["step"] for r in rs if nonfinite_step(r)]
         kls = [r["kl"] for r in rs if math.isfinite(r["kl"])]
+        gns = [r["grad_norm"] for r in rs if math.isfinite(r["grad_norm"])]
+        early_gn = [r["grad_norm"] for r in rs[:w] if math.isfinite(r["grad_norm"])]
         max_kl = max(kls, default=None)
+        early = float(np.mean([r["reward_mean"] for r in rs[:w]]))
+        late = float(np.mean([r["reward_mean"] for r in rs[-w:]]))
+        early_g = float(statistics.median(early_gn)) if early_gn else None
+        max_g = max(gns, default=None)
         reasons = []
         if bad:
             reasons.append(f"non-finite loss/KL/grad norm at step(s) {bad[:5]}")
         if max_kl is not None and max_kl > divergence_kl:
             reasons.append(f"KL {max_kl:.3g} > {divergence_kl:g} nats/token")
+        if rule and len(rs) > w and early > 0 and late < rule["reward_collapse"] * early:
+            reasons.append(f"reward collapsed: last {w} steps {late:.3f} < {rule['reward_collapse']:g} x first {w} "
+                           f"{early:.3f}")
+        if rule and early_g and max_g is not None and max_g > rule["grad_norm_factor"] * early_g:
+            reasons.append(f"grad norm {max_g:.3g} > {rule['grad_norm_factor']:g} x early median {early_g:.3g}")
         out.append({"arm": arm, "steps": len(rs), "first_reward": rs[0]["reward_mean"],
                     "final_reward": rs[-1]["reward_mean"], "final_kl": rs[-1]["kl"], "max_kl": max_kl,
-                    "nonfinite_steps": len(bad), "stable": not reasons, "reason": "; ".join(reasons)})
+                    "nonfinite_steps": len(bad), "early_reward": early, "late_reward": late,
+                    "early_grad_norm": early_g, "max_grad_norm": max_g, "stable": not reasons,
+                    "reason": "; ".join(reasons)})
     return out
+
+
+def choose_kl_beta(steps: list[dict[str, Any]], beta_of: dict[str, float], anchor: str, *, last: int = 3,
+                   ratio: float = 0.5) -> dict[str, Any]:
+    """P5's beta by the rule fixed before the pilot (docs/experiments/findings-rules.md): per arm
+    L = the mean per-token KL (nats, the ``kl`` column) over its last ``last`` steps; the chosen
+    beta is the smallest candidate (every arm of ``beta_of`` but ``anchor``) whose L is at most
+    ``ratio`` times the anchor's L (the anchor trains at a negligible beta, so its L is the drift
+    without the term), else the largest candidate.
+
+    Args:
+        steps: ``train_steps`` rows (``arm``, ``step``, ``kl``).
+        beta_of: arm name -> its beta.
+        anchor: the arm at the negligible beta.
+
+    Returns:
+        ``{"beta", "rule_met", "late_kl": {arm: L}, "anchor_kl"}``.
+
+    Raises:
+        ValueError: an arm of ``beta_of`` with no step, fewer than ``last`` steps, or a non-finite KL
+            in its last ``last`` steps (the KL was not measured: beta 0); no candidate.
+    """
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in steps:
+        by[s.get("arm") or "final"].append(s)
+    late: dict[str, float] = {}
+    for arm in beta_of:
+        rs = sorted(by.get(arm, []), key=lambda r: r["step"])[-last:]
+        if len(rs) < last or not all(math.isfinite(r["kl"]) for r in rs):
+            raise ValueError(f"arm {arm!r}: needs {last} steps with a measured KL, has "
+                             f"{sum(math.isfinite(r['kl']) for r in rs)}")
+        late[arm] = float(np.mean([r["kl"] for r in rs]))
+    candidates = sorted((b, a) for a, b in beta_of.items() if a != anchor)
+    if not candidates:
+        raise ValueError("no candidate beta besides the anchor")
+    met = [b for b, a in candidates if late[a] <= ratio * late[anchor]]
+    return {"beta": met[0] if met else candidates[-1][0], "rule_met": bool(met), "late_kl": late,
+            "anchor_kl": late[anchor]}

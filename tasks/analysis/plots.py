@@ -33,24 +33,39 @@ def _finite(x: Any) -> bool:
 
 
 def learning_curves(steps: list[dict[str, Any]]) -> bytes | None:
-    """Reward (mean over the step's samples), KL (nats per token, the configured estimator) and
-    clip fraction against the optimizer step, one line per training arm (``arm`` column; rows
-    without one are the single arm ``final``)."""
+    """Per training arm (``arm`` column; rows without one are the single arm ``final``), against
+    the optimizer step: mean reward over the step's samples, KL to the reference (nats per token,
+    the configured estimator), policy entropy (nats per token), gradient norm (before clipping)
+    and clip fraction (P5 reads stability from these). A panel with no finite value in any arm
+    says so (the KL is not computed at beta 0) instead of drawing empty axes."""
     if not steps:
         return None
     by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for s in steps:
         by_arm[s.get("arm") or "final"].append(s)
-    metrics = [("reward_mean", "mean reward"), ("kl", "KL (nats/token)"), ("clip_frac", "clip fraction")]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    metrics = [("reward_mean", "mean reward"), ("kl", "KL to reference (nats/token)"),
+               ("entropy", "entropy (nats/token)"), ("grad_norm", "gradient norm"), ("clip_frac", "clip fraction")]
+    fig, grid = plt.subplots(2, 3, figsize=(13, 6.4))
+    axes = grid.ravel()
+    styles = ["-", "--", ":", "-."]
     for ax, (col, label) in zip(axes, metrics):
-        for arm, rows in sorted(by_arm.items()):
+        drawn = False
+        for i, (arm, rows) in enumerate(sorted(by_arm.items())):
             rows = sorted(rows, key=lambda r: r["step"])
-            ax.plot([r["step"] for r in rows], [r[col] for r in rows], marker="o", label=arm)
+            pts = [(r["step"], r[col]) for r in rows if isinstance(r.get(col), (int, float)) and math.isfinite(r[col])]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, linestyle=styles[(i // 10) % len(styles)], label=arm)
+                drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "n/a: not measured in any arm\n(the KL is computed only when beta > 0)"
+                    if col == "kl" else "n/a: no finite value", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel("step")
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[-1].axis("off")
+    axes[-1].legend(handles, labels, loc="center", fontsize=8, ncol=1 if len(labels) <= 12 else 2, title="arm")
+    fig.tight_layout()
     return _png(fig)
 
 

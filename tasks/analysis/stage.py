@@ -281,7 +281,8 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
     train_steps = store.rows(inputs["train_steps"])
     suite_of = {t["task_id"]: t["suite"] for t in store.rows(inputs["tasks"])}
     suites = suite_pass_rates(evals, suite_of, resamples=a.bootstrap_resamples, seed=a.seed)
-    stability = training_stability(train_steps, a.divergence_kl)
+    stability = training_stability(train_steps, a.divergence_kl,
+                                   a.stability.model_dump() if a.stability else None)
     from tasks.analysis.learning import learning_curve
 
     curve = learning_curve(evals, store.rows(inputs["checkpoints"]), train_steps,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, model_validator
 
-from tasks.config.base import _Strict
+from tasks.config.base import _LaterOptions, _Strict
 
 
 class LeakageConfig(_Strict):
@@ -44,7 +46,19 @@ class BranchingConfig(_Strict):
         return self
 
 
-class AnalyzeConfig(_Strict):
+class StabilityConfig(_Strict):
+    """The pre-registered rule that calls a training arm unstable (docs/experiments/findings-rules.md),
+    beyond non-finite steps and ``analyze.divergence_kl``: the mean reward over the last
+    ``window`` steps below ``reward_collapse`` times the mean over the first ``window`` (the
+    reward collapsed), or any step's gradient norm above ``grad_norm_factor`` times the median of
+    the first ``window`` steps' (the gradient left its band)."""
+
+    window: int = Field(default=3, ge=1, le=100)
+    reward_collapse: float = Field(default=0.5, gt=0.0, lt=1.0)
+    grad_norm_factor: float = Field(default=10.0, gt=1.0)
+
+
+class AnalyzeConfig(_LaterOptions):
     """Analysis options (docs/methods/p1-ceiling-mismatch.md, docs/methods/p4-within-cross.md).
 
     ``ceiling_k``: the K of the pass@K harness ceiling (<= ``evaluate.attempts``). ``kl_beta``: the
@@ -57,7 +71,9 @@ class AnalyzeConfig(_Strict):
     predictors and the soft ceiling are taken from it). ``bootstrap_resamples`` and ``seed``: the
     task-clustered bootstrap of the R^2 and pass@1 intervals, and every other random choice of
     the stage. ``divergence_kl``: an arm whose per-token KL (nats) exceeds this at any step, or
-    whose loss, KL or gradient norm is not finite, is flagged unstable in the arm summary.
+    whose loss, KL or gradient norm is not finite, is flagged unstable in the arm summary;
+    ``stability`` adds the reward-collapse and gradient-band rules (None: those two are not
+    applied).
     ``kl_check``: put P5's estimator table (``harnessrl kl-check``, by enumeration) in the report
     beside each arm's estimator and placement.
     """
@@ -72,3 +88,5 @@ class AnalyzeConfig(_Strict):
     branching: BranchingConfig = Field(default_factory=BranchingConfig)
     divergence_kl: float = Field(default=1.0, gt=0)
     kl_check: bool = False
+    stability: StabilityConfig | None = None
+    _later: ClassVar[tuple[str, ...]] = ("stability",)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config.base import _Strict
+from tasks.config.base import _LaterOptions, _Strict
 
 
 class ContrastArm(_Strict):
@@ -17,15 +17,19 @@ class ContrastArm(_Strict):
     harness: str = Field(min_length=1)
 
 
-class ContrastConfig(_Strict):
-    """A pre-registered contrast ``a - b`` (success rate of arm a minus arm b on the same tasks)."""
+class ContrastConfig(_LaterOptions):
+    """A pre-registered contrast ``a - b`` (success rate of arm a minus arm b on the same tasks).
+    ``suite``: only the test tasks of this suite (``suites[].name``) count, e.g. an out-of-domain,
+    evaluation-only suite; None: every test task both sides graded."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")
     a: ContrastArm
     b: ContrastArm
+    suite: str | None = Field(default=None, min_length=1)
+    _later: ClassVar[tuple[str, ...]] = ("suite",)
 
 
-class FindingConfig(_Strict):
+class FindingConfig(_LaterOptions):
     """A paper's headline, pre-registered with the rule that decides it (docs/experiments/findings-rules.md).
 
     ``measure``: ``contrast`` (the pre-registered contrast named ``contrast``: a - b of per-task
@@ -34,7 +38,11 @@ class FindingConfig(_Strict):
     ``p1_predictor_gap`` (P1: over the trained ``cells``, each a checkpoint under the harness it
     trained in, R^2 of C - M as a predictor of ``target`` minus the better of R^2(C) and R^2(M),
     with C, M measured on ``base`` under the same harness).
-    ``claim``: ``increase`` (the measure is above 0) or ``no_increase`` (it is at most ``margin``).
+    ``pooled_contrast``: the mean success rate over the ``a_cells`` minus the mean over the
+    ``b_cells``, per task, averaged over the tasks every cell graded (of ``suite`` only, when
+    set): e.g. the arms whose KL gradient is unbiased against those whose gradient is biased.
+    ``claim``: ``increase`` (the measure is above 0), ``no_increase`` (it is at most ``margin``)
+    or ``equivalent`` (it lies within ``[-margin, margin]``).
     ``margin``: the smallest difference of interest (success-rate points, in [0, 1]).
     ``control``: for a learning claim, the contrast that measures the same difference for the
     random-reward control arm (``train.reward_control``); the claim stands only where the
@@ -44,14 +52,18 @@ class FindingConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")
     paper: str = Field(min_length=1)
     headline: str = Field(min_length=1)
-    measure: Literal["contrast", "harness_spread_minus_recipe_spread", "p1_predictor_gap"]
-    claim: Literal["increase", "no_increase"]
+    measure: Literal["contrast", "harness_spread_minus_recipe_spread", "p1_predictor_gap", "pooled_contrast"]
+    claim: Literal["increase", "no_increase", "equivalent"]
     contrast: str | None = None
     control: str | None = None
     checkpoints: list[str] | None = None
     cells: list[ContrastArm] | None = None
     target: Literal["gain", "return"] = "gain"
     margin: float = Field(default=0.0, ge=0.0, le=1.0)
+    a_cells: list[ContrastArm] | None = None
+    b_cells: list[ContrastArm] | None = None
+    suite: str | None = Field(default=None, min_length=1)
+    _later: ClassVar[tuple[str, ...]] = ("a_cells", "b_cells", "suite")
 
     @model_validator(mode="after")
     def _check(self) -> "FindingConfig":
@@ -63,6 +75,17 @@ class FindingConfig(_Strict):
         if (self.measure == "p1_predictor_gap") != (self.cells is not None):
             raise ValueError(f"evaluate.findings[{self.name!r}].cells: the p1_predictor_gap measure names its "
                              "(trained checkpoint, harness) cells, and only it does")
+        pooled = self.measure == "pooled_contrast"
+        if pooled != (self.a_cells is not None and self.b_cells is not None) or \
+                (not pooled and (self.a_cells is not None or self.b_cells is not None or self.suite is not None)):
+            raise ValueError(f"evaluate.findings[{self.name!r}]: a_cells, b_cells (both non-empty) and suite belong to "
+                             f"the pooled_contrast measure, and it needs both; measure={self.measure!r}")
+        if pooled and (not self.a_cells or not self.b_cells or
+                       {(c.checkpoint, c.harness) for c in self.a_cells} & {(c.checkpoint, c.harness) for c in self.b_cells}):
+            raise ValueError(f"evaluate.findings[{self.name!r}]: a_cells and b_cells must be non-empty and disjoint")
+        if self.claim == "equivalent" and self.margin <= 0:
+            raise ValueError(f"evaluate.findings[{self.name!r}].margin={self.margin}: an 'equivalent' claim needs a "
+                             "margin > 0 (the largest difference that still counts as none)")
         if self.cells is not None and len(self.cells) < 3:
             raise ValueError(f"evaluate.findings[{self.name!r}].cells: {len(self.cells)} cell(s); an R^2 needs at "
                              "least 3 (P1 asks for 5)")

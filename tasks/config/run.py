@@ -145,6 +145,20 @@ class RunConfig(_Strict):
                 if ck not in ckpts:
                     raise ValueError(f"evaluate.contrasts[{c.name!r}].{side}.checkpoint={ck!r} is not a checkpoint "
                                      f"of this run {ckpts}")
+        # a task's suite is "<source>/<name>" for reasoning-gym (other sources name theirs per task,
+        # e.g. one per MiniWoB++ env): checked here where known, else when the plan is built
+        suites = sorted({f"reasoning_gym/{s.name}" for s in self.suites}) \
+            if all(s.source == "reasoning_gym" for s in self.suites) else None
+        for kind, items in (("contrasts", self.evaluate.contrasts), ("findings", self.evaluate.findings)):
+            for it in items or []:
+                if suites is not None and it.suite is not None and it.suite not in suites:
+                    raise ValueError(f"evaluate.{kind}[{it.name!r}].suite={it.suite!r} is not a suite of this run {suites}")
+        for f in self.evaluate.findings or []:
+            for field in ("cells", "a_cells", "b_cells"):
+                for cell in getattr(f, field) or []:
+                    if cell.checkpoint not in ckpts or cell.harness not in evals:
+                        raise ValueError(f"evaluate.findings[{f.name!r}].{field}: ({cell.checkpoint!r}, {cell.harness!r}) "
+                                         f"is not an evaluated (checkpoint, harness): checkpoints {ckpts}, harnesses {evals}")
         if self.analyze.reference not in ckpts:
             raise ValueError(f"analyze.reference={self.analyze.reference!r} is not a checkpoint of this run {ckpts}")
         for ck in self.analyze.branching.checkpoints:

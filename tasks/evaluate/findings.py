@@ -32,6 +32,10 @@ def verdict(claim: str, estimate: float | None, ci_low: float | None, ci_high: f
       at most ``margin``; *not reproduced* when its lower end is above ``margin``; else
       *inconclusive*.
 
+    - ``equivalent`` (a - b lies within ``[-margin, margin]``): *reproduced* when the whole
+      interval does; *not reproduced* when the interval lies wholly above ``margin`` or wholly
+      below ``-margin``; else *inconclusive*.
+
     A finding without an estimate (a cell below the graded-coverage rule, no common tasks) is
     *inconclusive*. Returns one of :data:`VERDICTS` and a one-line reason.
 
@@ -58,7 +62,13 @@ def verdict(claim: str, estimate: float | None, ci_low: float | None, ci_high: f
         if ci_low > margin:
             return "not reproduced", f"interval {iv} above the margin {margin:+.3f}"
         return "inconclusive", f"interval {iv} straddles the margin {margin:+.3f}"
-    raise ValueError(f"finding claim {claim!r} is not 'increase' or 'no_increase'")
+    if claim == "equivalent":
+        if -margin <= ci_low and ci_high <= margin:
+            return "reproduced", f"interval {iv} within +/-{margin:.3f}"
+        if ci_low > margin or ci_high < -margin:
+            return "not reproduced", f"interval {iv} outside +/-{margin:.3f}"
+        return "inconclusive", f"interval {iv} reaches beyond +/-{margin:.3f}"
+    raise ValueError(f"finding claim {claim!r} is not 'increase', 'no_increase' or 'equivalent'")
 
 
 def spread_gap(rates: np.ndarray) -> float:
@@ -123,6 +133,22 @@ def p1_cells(rows: list[dict[str, Any]], cells: list[dict[str, str]], k: int, re
     return {k_: np.array(v, dtype=float) for k_, v in cols.items()}
 
 
+def pooled_rates(rates: dict[tuple[str, str], dict[str, float]], a_cells: list[dict[str, str]],
+                 b_cells: list[dict[str, str]], tasks: set[str] | None = None) -> tuple[list[str], np.ndarray]:
+    """The tasks every cell graded (within ``tasks`` when given), sorted, and per task the mean
+    success rate over the ``a_cells`` minus the mean over the ``b_cells``: float ``[n_tasks]``.
+
+    ``rates``: ``(checkpoint, harness) -> {task_id: resolved / graded}``; a cell is
+    ``{checkpoint, harness}``. No common task: an empty list and array."""
+    cells = [rates.get((c["checkpoint"], c["harness"]), {}) for c in a_cells + b_cells]
+    common = set.intersection(*[set(c) for c in cells]) if cells else set()
+    common = sorted(common if tasks is None else common & tasks)
+    na = len(a_cells)
+    diff = np.array([np.mean([c[t] for c in cells[:na]]) - np.mean([c[t] for c in cells[na:]]) for t in common],
+                    dtype=np.float64)
+    return common, diff
+
+
 def finding_table(rows: list[dict[str, Any]], plan: dict[str, Any], contrasts: list[dict[str, Any]]
                   ) -> list[dict[str, Any]]:
     """Rows of the ``eval_findings`` artifact, one per ``plan["findings"]`` entry, in plan order.
@@ -134,7 +160,8 @@ def finding_table(rows: list[dict[str, Any]], plan: dict[str, Any], contrasts: l
     interval. The spread finding resamples the tasks graded in every (checkpoint,
     harness) cell it covers, ``plan["bootstrap_resamples"]`` times with seed
     ``seed_from(plan["seed"], "finding", name)``, for a percentile interval at level
-    ``1 - alpha / m`` (m: the number of findings, Bonferroni over the family). ``control_estimate``
+    ``1 - alpha / m`` (m: the number of findings, Bonferroni over the family); so does
+    ``pooled_contrast`` (:func:`pooled_rates`; at least 2 common tasks). ``control_estimate``
     is the control contrast's estimate. ``verdict``/``reason`` by :func:`verdict`.
     """
     specs = plan.get("findings") or []
@@ -176,6 +203,17 @@ def finding_table(rows: list[dict[str, Any]], plan: dict[str, Any], contrasts: l
                     row.update(estimate=est, ci_low=float(np.quantile(boot, a)), ci_high=float(np.quantile(boot, 1 - a)))
                 else:
                     row.update(estimate=est)
+        elif f["measure"] == "pooled_contrast":
+            seed = seed_from(plan["seed"], "finding", f["name"])
+            only = {t for t, s_ in plan["suite_of"].items() if s_ == f["suite"]} if f.get("suite") else None
+            common, diff = pooled_rates(rates, f["a_cells"], f["b_cells"], only)
+            row.update(level=level, seed=seed, n=len(common))
+            if len(common) >= 2:
+                rng = np.random.default_rng(seed)
+                boot = diff[rng.integers(0, len(common), size=(int(plan["bootstrap_resamples"]), len(common)))].mean(axis=1)
+                a = (1.0 - level) / 2
+                row.update(estimate=float(diff.mean()), ci_low=float(np.quantile(boot, a)),
+                           ci_high=float(np.quantile(boot, 1 - a)))
         else:
             cks = f.get("checkpoints") or [c["name"] for c in plan["checkpoints"]]
             hs = list(plan["harnesses"])

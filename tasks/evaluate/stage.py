@@ -82,6 +82,13 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
                     raise ValueError(f"evaluate.contrasts[{c['name']!r}].{side}.checkpoint="
                                      f"{c[side]['checkpoint']!r} is not a checkpoint of this run {ck_names}")
     trained_on = "+".join(cfg.harnesses)
+    # the suite of each test task, sealed where a contrast or finding counts one suite only
+    by_suite = [it.suite for it in (cfg.evaluate.contrasts or []) + (cfg.evaluate.findings or []) if it.suite]
+    suite_of = {t["task_id"]: t["suite"] for t in tasks if t["split"] == "test"} if by_suite else {}
+    for name in by_suite:
+        if name not in suite_of.values():
+            raise ValueError(f"evaluate: suite {name!r} (a contrast's or finding's suite) has no test task; the run's "
+                             f"test suites are {sorted(set(suite_of.values()))}")
     return {
         "version": 2,
         "records": [{"record_id": r["record_id"], "task_id": r["task_id"], "task_hash": r["task_hash"],
@@ -103,6 +110,7 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
         "sandbox": cfg.sandbox.model_dump(mode="json"),
         # the papers' headlines and their verdict rules (only when set: plans without keep their hash)
         **({"findings": [f.model_dump(mode="json") for f in cfg.evaluate.findings]} if cfg.evaluate.findings else {}),
+        **({"suite_of": dict(sorted(suite_of.items()))} if suite_of else {}),
         "inputs": {k: v.sha256 for k, v in sorted(inputs.items())},
         # harnesses of a plugged-in loop type run with the rollout stage's fitted state (talkmesh:
         # the confidence head that scores its agents): sealed with its file

@@ -224,7 +224,8 @@ def contrast_table(rows: list[dict[str, Any]], plan: dict[str, Any], cells: list
                    alpha: float, resamples: int, power: float) -> list[dict[str, Any]]:
     """Rows of the ``eval_contrasts`` artifact: each pre-registered contrast in ``plan["contrasts"]``
     (``{name, a: {checkpoint, harness}, b: {...}}``) as ``a - b`` of per-task success rates
-    (resolved / graded final attempts) on the tasks both arms graded.
+    (resolved / graded final attempts) on the tasks both arms graded (of the contrast's ``suite``
+    only, when it names one: ``plan["suite_of"]`` maps each test task to its suite).
 
     Bonferroni over the m contrasts: each CI is at level ``1 - alpha/m`` and each p-value is
     multiplied by m (capped at 1). The bootstrap seed of a contrast is
@@ -257,6 +258,8 @@ def contrast_table(rows: list[dict[str, Any]], plan: dict[str, Any], cells: list
             continue
         sa, sb = scores(a["checkpoint"], a["harness"]), scores(b["checkpoint"], b["harness"])
         common = sorted(set(sa) & set(sb))
+        if c.get("suite"):
+            common = [t for t in common if plan["suite_of"].get(t) == c["suite"]]
         if not common:
             row["status"] = "no_common_tasks"
             out.append(row)

@@ -58,3 +58,40 @@ def test_training_stability_nan_kl_without_kl_term_is_stable_but_inf_kl_is_not()
     assert rows["nokl"]["stable"] and rows["nokl"]["max_kl"] is None and rows["nokl"]["nonfinite_steps"] == 0
     assert not rows["infkl"]["stable"] and rows["infkl"]["nonfinite_steps"] == 1
     assert not rows["nangrad"]["stable"] and "step(s) [1]" in rows["nangrad"]["reason"]
+
+
+def test_the_preregistered_rule_flags_a_reward_collapse_and_a_gradient_out_of_its_band():
+    rule = {"window": 2, "reward_collapse": 0.5, "grad_norm_factor": 10.0}
+    rewards = {"steady": [0.2, 0.2, 0.25, 0.3, 0.2, 0.15], "collapse": [0.3, 0.2, 0.2, 0.1, 0.1, 0.1],
+               "spike": [0.2] * 6}
+    steps = [{**_step(arm, i, 0.01, reward=r), "grad_norm": 50.0 if (arm == "spike" and i == 4) else 2.0 + i % 2}
+             for arm, rs in rewards.items() for i, r in enumerate(rs)]
+    rows = {r["arm"]: r for r in training_stability(steps, divergence_kl=1.0, rule=rule)}
+    # steady: early (0.2 + 0.2) / 2 = 0.2, late (0.2 + 0.15) / 2 = 0.175 >= 0.1; grad norms 2-3 (median 2.5)
+    assert rows["steady"]["stable"] and rows["steady"]["late_reward"] == pytest.approx(0.175)
+    assert rows["steady"]["early_grad_norm"] == pytest.approx(2.5) and rows["steady"]["max_grad_norm"] == 3.0
+    # collapse: early 0.25, late 0.1 < 0.5 x 0.25
+    assert not rows["collapse"]["stable"] and "reward collapsed" in rows["collapse"]["reason"]
+    assert rows["collapse"]["early_reward"] == pytest.approx(0.25)
+    # spike: 50 > 10 x 2.5
+    assert not rows["spike"]["stable"] and "grad norm 50 > 10 x early median 2.5" in rows["spike"]["reason"]
+    # without the rule only finiteness and the KL threshold count: all three stable
+    assert all(r["stable"] for r in training_stability(steps, divergence_kl=1.0))
+
+
+def test_the_beta_rule_takes_the_smallest_beta_that_halves_the_drift():
+    from tasks.analysis.arms import choose_kl_beta
+
+    kl = {"b0": [0.01, 0.02, 0.03, 0.04, 0.05], "b1": [0.01, 0.02, 0.03, 0.03, 0.03],
+          "b2": [0.01, 0.01, 0.02, 0.02, 0.02], "b3": [0.01, 0.01, 0.01, 0.01, 0.01]}
+    steps = [{"arm": a, "step": i, "kl": v} for a, vs in kl.items() for i, v in enumerate(vs)]
+    beta = {"b0": 0.001, "b1": 0.05, "b2": 0.3, "b3": 1.0}
+    got = choose_kl_beta(steps, beta, "b0")
+    # L: b0 0.04, b1 0.03 (> 0.02), b2 0.02 (at most half), b3 0.01 -> the smallest qualifying beta is 0.3
+    assert got["beta"] == 0.3 and got["rule_met"] and got["anchor_kl"] == pytest.approx(0.04)
+    assert got["late_kl"]["b1"] == pytest.approx(0.03) and got["late_kl"]["b2"] == pytest.approx(0.02)
+    none = choose_kl_beta([s for s in steps if s["arm"] in ("b0", "b1")], {"b0": 0.001, "b1": 0.05}, "b0")
+    assert none == {**none, "beta": 0.05, "rule_met": False}  # no candidate halves it: the largest
+    with pytest.raises(ValueError, match="needs 3 steps with a measured KL"):
+        choose_kl_beta(steps + [{"arm": "nokl", "step": i, "kl": math.nan} for i in range(5)],
+                       {**beta, "nokl": 0.0}, "b0")

@@ -27,6 +27,10 @@ from tests.evaluate.test_stage import _rewrite, _store
     ("no_increase", 0.01, -0.04, 0.04, 0.05, None, "reproduced"),
     ("no_increase", 0.12, 0.07, 0.17, 0.05, None, "not reproduced"),
     ("no_increase", 0.05, -0.01, 0.11, 0.05, None, "inconclusive"),
+    ("equivalent", 0.01, -0.04, 0.04, 0.05, None, "reproduced"),
+    ("equivalent", -0.01, -0.06, 0.04, 0.05, None, "inconclusive"),  # reaches below -margin
+    ("equivalent", -0.12, -0.17, -0.07, 0.05, None, "not reproduced"),  # wholly below -margin
+    ("equivalent", 0.12, 0.07, 0.17, 0.05, None, "not reproduced"),
 ])
 def test_the_verdict_rule_branch_by_branch(claim, est, lo, hi, margin, control, want):
     got, reason = verdict(claim, est, lo, hi, margin, control)
@@ -199,3 +203,74 @@ def test_the_findings_command_publishes_a_verified_run_and_verify_rechecks_the_f
     other.write_text(cfg_file.read_text().replace("attempts: 2", "attempts: 3"))
     bad = cli.invoke(app, ["findings", "-c", str(other), "--run-dir", str(store.root), "--append", str(out)])
     assert bad.exit_code == 2 and "NOT THIS RUN" in bad.output and len(out.read_text().splitlines()) == 2
+
+
+def _pooled_plan(a_cells, b_cells, suite=None, n=6):
+    f = {"name": "pooled", "paper": "P5", "headline": "unbiased arms end better", "measure": "pooled_contrast",
+         "claim": "increase", "margin": 0.0, "a_cells": a_cells, "b_cells": b_cells}
+    if suite:
+        f["suite"] = suite
+    return {"seed": 5, "alpha": 0.05, "attempts": 2, "bootstrap_resamples": 400, "checkpoints": [], "harnesses": [],
+            "suite_of": {f"t{i}": ("in" if i < n // 2 else "out") for i in range(n)}, "findings": [f]}
+
+
+def test_a_pooled_finding_is_the_mean_of_a_cells_minus_the_mean_of_b_cells_by_hand():
+    from tasks.evaluate.findings import finding_table
+    from tests.evaluate.test_stats import _contrast_rows
+
+    # 6 tasks, 2 attempts: rates k1 = [1, 1, .5, 1, 0, .5], both = [1, .5, .5, 1, .5, .5],
+    # k3 = [0, .5, .5, 0, 0, .5], k2 = [.5, .5, 0, 0, .5, 0]
+    rows = _contrast_rows({("k1", "h"): [2, 2, 1, 2, 0, 1], ("both", "h"): [2, 1, 1, 2, 1, 1],
+                           ("k3", "h"): [0, 1, 1, 0, 0, 1], ("k2", "h"): [1, 1, 0, 0, 1, 0]})
+    a = [{"checkpoint": "k1", "harness": "h"}, {"checkpoint": "both", "harness": "h"}]
+    b = [{"checkpoint": "k3", "harness": "h"}, {"checkpoint": "k2", "harness": "h"}]
+    # per task (a mean - b mean): [1-.25, .75-.5, .5-.25, 1-0, .25-.25, .5-.25] = [.75, .25, .25, 1, 0, .25]
+    (row,) = finding_table(rows, _pooled_plan(a, b), [])
+    assert row["n"] == 6 and row["estimate"] == pytest.approx(2.5 / 6)
+    assert row["ci_low"] <= row["estimate"] <= row["ci_high"] and row["level"] == pytest.approx(0.95)
+    assert row["verdict"] == "reproduced"  # every per-task difference is >= 0 and most are > 0
+    (flip,) = finding_table(rows, _pooled_plan(b, a), [])  # the sides swapped: the sign flips
+    assert flip["estimate"] == pytest.approx(-2.5 / 6) and flip["verdict"] == "not reproduced"
+    # one suite only: tasks t3..t5 ("out"): [1, 0, .25] -> 1.25 / 3
+    (out,) = finding_table(rows, _pooled_plan(a, b, suite="out"), [])
+    assert out["n"] == 3 and out["estimate"] == pytest.approx(1.25 / 3)
+    assert finding_table(rows, _pooled_plan(a, b), []) == [row]  # seeded
+
+
+def test_a_contrast_of_one_suite_counts_only_that_suites_tasks():
+    from tasks.evaluate.stats import cell_table, contrast_table
+    from tests.evaluate.test_stats import _contrast_rows, _plan
+
+    # final - base per task: [1, .5, 0, 1]; suite "x" = tasks t0, t2 -> mean 0.5; all four -> 0.625
+    rows = _contrast_rows({("final", "h"): [2, 2, 1, 2], ("base", "h"): [0, 1, 1, 0]})
+    both = {"a": {"checkpoint": "final", "harness": "h"}, "b": {"checkpoint": "base", "harness": "h"}}
+    plan = _plan(4, ["h"], [{"name": "all", **both}, {"name": "only-x", "suite": "x", **both}])
+    plan["suite_of"] = {"t0": "x", "t1": "y", "t2": "x", "t3": "y"}
+    every, only = contrast_table(rows, plan, cell_table(rows, plan, 0.95), alpha=0.05, resamples=300, power=0.8)
+    assert every["n_tasks"] == 4 and every["estimate"] == pytest.approx(0.625)
+    assert only["n_tasks"] == 2 and only["estimate"] == pytest.approx(0.5)
+
+
+def test_later_options_left_unset_keep_a_configs_hash_and_bad_ones_are_refused():
+    from tasks.config.evaluate import ContrastConfig, FindingConfig
+
+    c = ContrastConfig.model_validate({"name": "c", "a": {"checkpoint": "final", "harness": "direct"},
+                                       "b": {"checkpoint": "base", "harness": "direct"}})
+    assert "suite" not in c.model_dump(mode="json")  # unset: the plan, pre-registration and config hash unchanged
+    assert c.model_copy(update={"suite": "s"}).model_dump(mode="json")["suite"] == "s"
+    f = {"name": "f", "paper": "P5", "headline": "h", "measure": "contrast", "contrast": "c", "claim": "increase"}
+    assert not {"a_cells", "b_cells", "suite"} & set(FindingConfig.model_validate(f).model_dump(mode="json"))
+    cell = [{"checkpoint": "final", "harness": "direct"}]
+    with pytest.raises(ValueError, match="pooled_contrast"):
+        FindingConfig.model_validate({**f, "measure": "pooled_contrast", "contrast": None})
+    with pytest.raises(ValueError, match="disjoint"):
+        FindingConfig.model_validate({**f, "measure": "pooled_contrast", "contrast": None, "a_cells": cell,
+                                      "b_cells": cell})
+    with pytest.raises(ValueError, match="margin"):
+        FindingConfig.model_validate({**f, "claim": "equivalent"})
+    cfg = _cfg().model_dump(mode="json", exclude_none=True)
+    cfg["evaluate"]["contrasts"][0]["suite"] = "reasoning_gym/gsm_symbolic"
+    with pytest.raises(ValueError, match="suite='reasoning_gym/gsm_symbolic' is not a suite of this run"):
+        RunConfig.model_validate(cfg)
+    cfg["evaluate"]["contrasts"][0]["suite"] = "reasoning_gym/basic_arithmetic"
+    assert RunConfig.model_validate(cfg).evaluate.contrasts[0].suite == "reasoning_gym/basic_arithmetic"

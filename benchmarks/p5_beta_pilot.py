@@ -1,0 +1,58 @@
+"""P5's beta: read a finished ``configs/p5-beta-pilot.yaml`` run and apply the rule fixed before
+it ran (docs/experiments/findings-rules.md, "Choosing P5's beta"; :func:`tasks.analysis.arms.choose_kl_beta`).
+
+    .venv/bin/harnessrl run -c configs/p5-beta-pilot.yaml
+    .venv/bin/python benchmarks/p5_beta_pilot.py [--run-dir runs/p5-beta-pilot-<hash>]
+
+Prints each arm's late KL and final reward and the chosen beta, and appends one JSON row to
+``benchmarks/results/p5_beta_pilot.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import report  # noqa: E402
+
+CONFIG = "configs/p5-beta-pilot.yaml"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=CONFIG)
+    ap.add_argument("--run-dir", default=None, help="the pilot's run folder (default: RUN_ROOT/NAME-CONFIGHASH)")
+    ap.add_argument("--anchor-beta", type=float, default=0.001)
+    args = ap.parse_args()
+
+    from schemas import ArtifactStore
+    from schemas.store import ArtifactError
+    from tasks.analysis.arms import choose_kl_beta, training_stability
+    from flows.naming import run_label
+    from tasks.config import load_config
+
+    cfg = load_config(args.config)
+    run_dir = Path(args.run_dir or Path(cfg.run_root) / run_label(cfg))
+    store = ArtifactStore(run_dir)
+    try:
+        steps = store.rows(store.ref("train", "train_steps"))
+    except ArtifactError as e:
+        sys.exit(f"{run_dir}: cannot read train/train_steps ({e}); has the pilot's train stage finished?")
+    beta_of = {name: tc.kl.beta for name, tc in cfg.arm_configs()}
+    anchors = [a for a, b in beta_of.items() if b == args.anchor_beta]
+    if len(anchors) != 1:
+        sys.exit(f"--anchor-beta {args.anchor_beta}: {len(anchors)} arms train at it, need exactly one ({beta_of})")
+    got = choose_kl_beta(steps, beta_of, anchors[0])
+    stable = {r["arm"]: r for r in training_stability(steps, cfg.analyze.divergence_kl)}
+    arms = [{"arm": a, "beta": beta_of[a], "late_kl": got["late_kl"][a], "final_reward": stable[a]["final_reward"],
+             "stable": stable[a]["stable"]} for a in beta_of]
+    report("p5_beta_pilot", {"config": args.config, "config_hash": cfg.config_hash(), "run_dir": str(run_dir),
+                             "steps": cfg.train.steps, "anchor_beta": args.anchor_beta, "arms": arms,
+                             "chosen_beta": got["beta"], "rule_met": got["rule_met"]})
+
+
+if __name__ == "__main__":
+    main()
