@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_serializer
 
 
 
@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict
 
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
 # Fields that say how a stage runs, never what it writes: left out of section hashes (cache keys).
-EXECUTION_ONLY = {"rollout": {"task_runner", "workers", "dask_address", "ray_address"}, "train": {"distributed"}}
+EXECUTION_ONLY = {"rollout": {"task_runner", "workers", "dask_address", "ray_address", "worker_timeout_s"},
+                  "train": {"distributed"}}
 # Optional top-level sections left out of section hashes when absent, so adding one to a stage's
 # sections keeps the cache keys of configs without it.
 OPTIONAL_SECTIONS = {"arms", "sweep", "quick"}
@@ -24,6 +25,22 @@ class ConfigError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _LaterOptions(_Strict):
+    """A section whose options named in ``_later`` were added after configs were written: unset
+    (None), they are left out of every dump, so the config hash, the stage cache keys, the plan
+    and the pre-registration of a config that does not use them stay what they were."""
+
+    _later: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_later(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for k in self._later:
+            if out.get(k) is None:
+                out.pop(k, None)
+        return out
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
