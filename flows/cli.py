@@ -126,9 +126,15 @@ def run(
     _quiet_libraries()
     from flows.pipeline import pipeline
 
+    from tasks.rollout.cluster import NoWorkersError
+
     t0 = time.perf_counter()
-    with _settled_server(), tagged(cfg):  # every flow and task run of the run carries the config's name and paper
-        result = pipeline(cfg, str(rd), from_stage)
+    try:
+        with _settled_server(), tagged(cfg):  # every flow and task run of the run carries the config's name and paper
+            result = pipeline(cfg, str(rd), from_stage)
+    except NoWorkersError as e:  # the stage record keeps it; a rerun resumes at the failed stage
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(1)
     total = time.perf_counter() - t0
     _print_summary(rd, result, total)
 

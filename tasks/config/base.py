@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, model_serializer
 
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
 # Fields that say how a stage runs, never what it writes: left out of section hashes (cache keys).
-EXECUTION_ONLY = {"rollout": {"task_runner", "workers", "dask_address", "ray_address"}, "train": {"distributed"}}
+EXECUTION_ONLY = {"rollout": {"task_runner", "workers", "dask_address", "ray_address", "worker_timeout_s"},
+                  "train": {"distributed"}}
 # Optional top-level sections left out of section hashes when absent, so adding one to a stage's
 # sections keeps the cache keys of configs without it.
 OPTIONAL_SECTIONS = {"arms", "sweep", "quick"}

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from tasks.config.base import _Strict
+from tasks.config.base import _LaterOptions, _Strict
 
 
 class SandboxConfig(_Strict):
@@ -57,7 +57,7 @@ class SandboxConfig(_Strict):
         return self
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(_LaterOptions):
     """Training rollouts: ``samples_per_task`` episodes (the group size G) per train record.
 
     Fan-out (also used by evaluation and online sampling; see ``tasks/rollout/fanout.py``):
@@ -66,8 +66,10 @@ class RolloutConfig(_Strict):
     ``dask`` Dask worker processes, ``ray`` Ray tasks) with ``workers`` threads or processes.
     ``dask_address`` (``tcp://host:port``) names an existing Dask scheduler and ``ray_address``
     (``host:port`` of a Ray head, or ``ray://host:port``) an existing Ray cluster; unset, the
-    runner starts a local one of ``workers`` processes for the call. The runner, its address and
-    ``workers`` never change the rows, so they are left out of the cache key.
+    runner starts a local one of ``workers`` processes for the call. ``worker_timeout_s`` (None:
+    300): on ``dask`` and ``ray``, the seconds the fan-out waits with no live worker before it
+    fails, naming the cluster. The runner, its address, ``workers`` and the timeout never change
+    the rows, so they are left out of the cache key.
     """
 
     samples_per_task: int = Field(default=4, ge=1)
@@ -76,6 +78,8 @@ class RolloutConfig(_Strict):
     shard_size: int | None = Field(default=None, ge=1)
     dask_address: str | None = Field(default=None, pattern=r"^(tcp|tls|ucx|inproc)://\S+$")
     ray_address: str | None = Field(default=None, pattern=r"^(ray://\S+|auto|[A-Za-z0-9_.\[\]:-]+:\d+)$")
+    worker_timeout_s: float | None = Field(default=None, gt=0)
+    _later: ClassVar[tuple[str, ...]] = ("worker_timeout_s",)
 
     @model_validator(mode="after")
     def _address_of_its_runner(self) -> "RolloutConfig":

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tasks.config import RolloutConfig, RunConfig, SandboxConfig
+from tasks.rollout.cluster import DEFAULT_WORKER_TIMEOUT_S, await_shard
 from tasks.harnesses.spec import HarnessSpec
 from tasks.hashing import seed_from, sha256_dir, sha256_json
 from tasks.rollout.engines import close_policy
@@ -288,6 +289,9 @@ def _shard_task() -> Any:
     from prefect.cache_policies import NO_CACHE
 
     def rollout_shard(inp: ShardInput, policy: Any, on_turns: Callable[[int], None] | None = None) -> dict[str, Any]:
+        from tasks.rollout.cluster import follow_api_url
+
+        follow_api_url()  # a worker reused by a later run reports to that run's Prefect API
         if isinstance(policy, PolicySource):
             policy = cached_policy(policy)
         return run_shard(inp, _SharedPolicy(policy), on_turns)
@@ -390,7 +394,10 @@ def iter_fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> It
         counters = [_Counted(advance) if rc.task_runner == "thread" else None for _ in inputs]
         futures = [runner.submit(shard_task, {"inp": inp, "policy": policy, "on_turns": c})
                    for inp, c in zip(inputs, counters)]
+        timeout = rc.worker_timeout_s or DEFAULT_WORKER_TIMEOUT_S
         for inp, fut, used in zip(inputs, futures, counters):
+            if rc.task_runner in ("dask", "ray"):
+                await_shard(fut, runner, rc.task_runner, where, timeout)  # NoWorkersError: one line, no shard named
             try:
                 res = fut.result()
             except Exception as e:
