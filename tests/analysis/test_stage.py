@@ -229,3 +229,19 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
     assert top.name == run_label(cfg) and tables_run.name == f"report-tables · {run_label(cfg)}"
     assert sorted(tables_run.tags) == ["P1", "p1-analysis"]
 
+
+
+def test_step_failures_cover_every_cell_and_agree_with_the_sealed_counts(analyzed):
+    cfg, store, refs, out = analyzed
+    steps = store.rows(out["step_failures"])
+    cells = {(c["checkpoint"], c["harness_name"]): c for c in store.rows(refs["eval_cells"]) if c["kind"] == "cell"}
+    assert {(r["checkpoint"], r["harness_name"]) for r in steps} == set(cells)
+    for r in steps:
+        c = cells[(r["checkpoint"], r["harness_name"])]
+        assert r["graded"] == c["graded"] and r["solved"] + r["failed"] == r["graded"]
+        # the same attempts per task and no infra error here: pass@1 = solved / graded
+        assert r["solved"] / r["graded"] == pytest.approx(c["pass_at_1"])
+        if r["failed"] and not r["note"]:
+            assert sum(r[f"failed_{k}"] for k in ("timeout", "max_tokens", "format_error", "max_turns",
+                                                   "submitted")) == r["failed"]
+    assert "## P6: agent steps and failure modes" in store.read_bytes(REPORT).decode()
