@@ -18,7 +18,7 @@ from schemas import ArtifactStore
 from tasks.evaluate.seal import SealError
 
 # the report figures a findings page shows for each published run (analyze/plots/<name>.png)
-FIGURES = ("pass_rate_heatmap", "learning_curves", "learning_vs_step", "ceiling_vs_return")
+FIGURES = ("pass_rate_heatmap", "learning_curves", "learning_vs_step", "ceiling_vs_return", "step_failures")
 # beside findings.jsonl: one row per training arm of each published run (stability, KL bias, pass@1)
 ARMS_FILE = "findings_arms.jsonl"
 # the numbers of a row that come from the run's eval_findings table, compared by verify

@@ -287,6 +287,7 @@ def render_report(inp: ReportInputs) -> str:
                        "pass@1 per suite [95% interval]"], rows, "lllrlll", keep=1) + [""]
 
     out += step_failures_section(inp.step_failures)
+    out += _figure(inp, "step_failures", "agent steps and failure modes")
 
     out += ["## P1: harness ceiling minus mismatch", ""]
     if inp.mismatch:

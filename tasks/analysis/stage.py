@@ -190,6 +190,7 @@ def _figures(store: ArtifactStore, tables: dict[str, list[dict[str, Any]]]) -> d
         "r2_comparison": plots.r2_comparison(tables["predictors"]),
         "leakage": plots.leakage_plot(tables["leakage"]),
         "action_jsd": plots.action_jsd_plot(tables["action_jsd"]),
+        "step_failures": plots.steps_plot(tables.get("step_failures", [])),
     }
     out = {}
     for name, png in made.items():
@@ -335,7 +336,8 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
         refs["log_odds_pairs"] = store.write("analyze", "log_odds_pairs", lo_pairs, inputs=lo_in, config_hash=ch)
 
     tables = {"train_steps": train_steps, "eval_cells": store.rows(inputs["eval_cells"]), "learning_curve": curve,
-              "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd}
+              "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd,
+              "step_failures": steps_fail}
     figures = _figures(store, tables)
     report = render_report(ReportInputs(
         run_name=cfg.name, config_hash=cfg.config_hash(), model=cfg.policy.model,

@@ -159,7 +159,8 @@ def test_report_and_figures(analyzed):
         assert section in report
     figs = store.list_files("analyze/plots")
     assert [f.rsplit("/", 1)[-1] for f in figs] == ["action_jsd.png", "ceiling_vs_return.png", "leakage.png", "learning_curves.png",
-                                                   "pass_rate_heatmap.png", "r2_comparison.png"]
+                                                   "pass_rate_heatmap.png", "r2_comparison.png",
+                                                   "step_failures.png"]
     for f in figs:
         assert store.read_bytes(f).startswith(PNG)
         assert f"]({f.removeprefix('analyze/')})" in report
@@ -206,7 +207,7 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
     arts = {a.key: a for a in asyncio.run(fetch())}
     report = arts["harnessrl-report"].data
     figs = store.list_files("analyze/plots")
-    assert "](plots/" not in report and report.count("](data:image/png;base64,") == len(figs) == 6
+    assert "](plots/" not in report and report.count("](data:image/png;base64,") == len(figs) == 7
     assert arts["harnessrl-report"].flow_run_id != arts["harnessrl-mismatch"].flow_run_id  # tables: a subflow run
     # the link opens the report artifact's page in the UI that shows it, not a file:// URL a browser blocks
     ui = PREFECT_UI_URL.value()

@@ -132,3 +132,14 @@ def test_report_section_shows_steps_endings_and_na():
     md = "\n".join(step_failures_section([b]))
     assert "| base | react | 1 | 1 | 2.0 (2.00) | n/a (n/a) |" in md and "base / react: no failed attempt" in md
     assert step_failures_section([]) == []
+
+
+def test_steps_plot_draws_cells_with_and_without_numbers():
+    from tasks.analysis.plots import steps_plot
+
+    ev, tu = _data()
+    rows = step_failures(ev, tu, {"react": 3, "direct": None}, {"t-" + e["eval_id"] for e in ev})
+    na = step_failures(ev[:1], [], {"react": 3}, set())  # no failed attempt, no turns: n/a bars stay empty
+    png = steps_plot(rows + [{**na[0], "checkpoint": "x"}])
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png == steps_plot(rows + [{**na[0], "checkpoint": "x"}])
+    assert steps_plot([]) is None
