@@ -145,7 +145,8 @@ def arm_rows(store: ArtifactStore, cfg: Any, run: str) -> list[dict[str, Any]]:
     steps = store.rows(("analyze", "step_failures")) if store.exists("analyze/step_failures.manifest.json") else []
 
     def steps_of(ck: str) -> list[dict[str, Any]]:
-        return [{"harness": r["harness_name"], **{k: r[k] for k in STEP_FIELDS}} for r in steps if r["checkpoint"] == ck]
+        return [{"harness": r["harness_name"], **{k: r[k] for k in STEP_FIELDS}}
+                for r in steps if r["checkpoint"] == ck]
 
     out = []
     for name, tc in cfg.arm_configs():

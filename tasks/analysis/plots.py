@@ -257,8 +257,8 @@ def steps_plot(rows: list[dict[str, Any]]) -> bytes | None:
     a1.set_xlabel("mean agent steps (turns)")
     a1.legend(fontsize=7)
     left = [0.0] * len(rows)
-    ends = [("failed_submitted", "wrong answer"), ("failed_max_turns", "turn limit"), ("failed_max_tokens", "token limit"),
-            ("failed_format_error", "no answer"), ("failed_timeout", "timeout")]
+    ends = [("failed_submitted", "wrong answer"), ("failed_max_turns", "turn limit"),
+            ("failed_max_tokens", "token limit"), ("failed_format_error", "no answer"), ("failed_timeout", "timeout")]
     for col, name in ends:
         share = [r[col] / r["failed"] if r["failed"] and r[col] is not None else 0.0 for r in rows]
         a2.barh(y, share, left=left, label=name)

@@ -284,7 +284,8 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
     # limit; talkmesh turns are agents' messages, not steps: left out)
     tasks_rows = store.rows(inputs["tasks"])
     steps_fail = step_failures(
-        [e for e in evals if specs[e["harness_id"]].loop_type != "talkmesh"], eval_turns, {s.name: (None if s.loop_type == "single_turn" else s.max_turns) for s in specs.values()},
+        [e for e in evals if specs[e["harness_id"]].loop_type != "talkmesh"], eval_turns,
+        {s.name: (None if s.loop_type == "single_turn" else s.max_turns) for s in specs.values()},
         {t["task_id"] for t in tasks_rows if t["environment"] == "answer"})
 
     from tasks.analysis.arms import suite_pass_rates, training_stability
