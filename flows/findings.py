@@ -18,11 +18,16 @@ from schemas import ArtifactStore
 from tasks.evaluate.seal import SealError
 
 # the report figures a findings page shows for each published run (analyze/plots/<name>.png)
-FIGURES = ("pass_rate_heatmap", "learning_curves", "learning_vs_step", "ceiling_vs_return")
+FIGURES = ("pass_rate_heatmap", "learning_curves", "learning_vs_step", "ceiling_vs_return", "step_failures")
 # beside findings.jsonl: one row per training arm of each published run (stability, KL bias, pass@1)
 ARMS_FILE = "findings_arms.jsonl"
 # the numbers of a row that come from the run's eval_findings table, compared by verify
 ROW_NUMBERS = ("estimate", "ci_low", "ci_high", "n", "verdict", "control")
+# P6: what an arm row carries of each analyze/step_failures row (steps, endings, errors; see tasks.analysis.steps)
+STEP_FIELDS = ("graded", "solved", "failed", "median_turns_solved", "mean_turns_solved", "median_turns_failed",
+               "mean_turns_failed", "failed_submitted", "failed_max_turns", "failed_max_tokens", "failed_format_error",
+               "failed_timeout", "format_error_attempts", "tool_error_attempts", "truncated_turns", "unparsed_answers",
+               "note")
 
 
 def run_wall_s(store: ArtifactStore) -> float | None:
@@ -122,7 +127,9 @@ def arm_rows(store: ArtifactStore, cfg: Any, run: str) -> list[dict[str, Any]]:
     enumeration, ``analyze/kl_check``; None where the run has none or the arm has no KL),
     ``stable`` and ``reason`` (the pre-registered rule, ``analyze/training_stability``),
     ``early_reward``/``late_reward``, and ``pass_at_1`` per (harness, suite) with the interval
-    (``analyze/suite_pass_rates``). Empty when the run has no analysed arms.
+    (``analyze/suite_pass_rates``); ``steps`` and ``base_steps`` (P6): the arm's and the base
+    checkpoint's rows of ``analyze/step_failures`` per evaluation harness (:data:`STEP_FIELDS`;
+    empty where the run has no such table). Empty when the run has no analysed arms.
 
     Raises:
         ArtifactError: an analyze artifact differs from its manifest.
@@ -135,6 +142,12 @@ def arm_rows(store: ArtifactStore, cfg: Any, run: str) -> list[dict[str, Any]]:
     kl = {r["configuration"]: r for r in store.rows(("analyze", "kl_check"))} \
         if store.exists("analyze/kl_check.manifest.json") else {}
     rates = store.rows(("analyze", "suite_pass_rates")) if store.exists("analyze/suite_pass_rates.manifest.json") else []
+    steps = store.rows(("analyze", "step_failures")) if store.exists("analyze/step_failures.manifest.json") else []
+
+    def steps_of(ck: str) -> list[dict[str, Any]]:
+        return [{"harness": r["harness_name"], **{k: r[k] for k in STEP_FIELDS}}
+                for r in steps if r["checkpoint"] == ck]
+
     out = []
     for name, tc in cfg.arm_configs():
         spec = arm_spec(name, tc)
@@ -148,5 +161,6 @@ def arm_rows(store: ArtifactStore, cfg: Any, run: str) -> list[dict[str, Any]]:
                     "early_reward": s.get("early_reward"), "late_reward": s.get("late_reward"),
                     "pass_at_1": [{"harness": r["harness_name"], "suite": r["suite"], "pass_at_1": r["pass_at_1"],
                                    "ci_low": r["ci_low"], "ci_high": r["ci_high"]}
-                                  for r in rates if r["checkpoint"] == name]})
+                                  for r in rates if r["checkpoint"] == name],
+                    "steps": steps_of(name), "base_steps": steps_of(cfg.analyze.reference)})
     return out

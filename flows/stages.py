@@ -121,6 +121,7 @@ UI_TABLES = {
     "log-odds": ("analyze", "log_odds", "P1: log-odds check per checkpoint x harness"),
     "leakage": ("analyze", "leakage", "P4: zero-advantage groups and harness-identity leakage"),
     "action-jsd": ("analyze", "action_jsd", "P4: action-distribution JSD (bits)"),
+    "step-failures": ("analyze", "step_failures", "P6: agent steps per solved / failed attempt, failure modes"),
 }
 # Inline figures larger than this stay file references in the UI's report (bytes of PNG).
 MAX_INLINE_PNG = 1024 * 1024

@@ -793,6 +793,46 @@ KL_CHECK = _register(
 )
 
 
+STEP_FAILURES = _register(
+    Contract(
+        "step_failures",
+        1,
+        _s(
+            ("checkpoint", pa.string()),
+            ("harness_name", pa.string()),
+            ("graded", pa.int64()),
+            ("solved", pa.int64()),
+            ("failed", pa.int64()),
+            ("median_turns_solved", pa.float64()),
+            ("mean_turns_solved", pa.float64()),
+            ("median_turns_failed", pa.float64()),
+            ("mean_turns_failed", pa.float64()),
+            ("failed_timeout", pa.int64()),
+            ("failed_max_tokens", pa.int64()),
+            ("failed_format_error", pa.int64()),
+            ("failed_max_turns", pa.int64()),
+            ("failed_submitted", pa.int64()),
+            ("format_error_turns", pa.int64()),
+            ("format_error_attempts", pa.int64()),
+            ("tool_turns", pa.int64()),
+            ("tool_error_turns", pa.int64()),
+            ("tool_error_attempts", pa.int64()),
+            ("truncated_turns", pa.int64()),
+            ("unparsed_answers", pa.int64()),
+            ("note", pa.string()),
+        ),
+        [("compound_unique", ("checkpoint", "harness_name")), ("between", "graded", 1, None)],
+        "P6: per checkpoint and evaluation harness, over the graded final attempts of the sealed evaluation, the "
+        "median and mean agent steps (turns) of the solved and of the failed attempts, how the failed ones ended "
+        "(stop reasons rebuilt from the turns: timeout, max_tokens, format_error, max_turns, submitted = a wrong "
+        "answer), and turn-level errors: format-error replies, failed tool calls (action.tool_status), replies cut "
+        "at max_new_tokens, answers not in the harness's format (tasks.analysis.steps). None with a note where the "
+        "data cannot say.",
+        may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
+    )
+)
+
+
 # The pipeline's own contracts (those defined above). Stage cache keys hash these only, so a key
 # never depends on which other modules (``tasks.bipa``, ...) a process happened to import.
 PIPELINE_CONTRACTS: frozenset[str] = frozenset(CONTRACTS)

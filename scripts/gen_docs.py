@@ -242,6 +242,37 @@ def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks"
     return "\n".join(lines)
 
 
+def _steps_table(arms: list[dict]) -> list[str]:
+    """P6's table on the findings page (lines; none when no arm row carries ``steps``): per
+    checkpoint (the base, then each arm) and evaluation harness, the median (mean) agent steps of
+    the solved and of the failed sealed attempts, and how the failed ones ended, as counts out of
+    the failed; n/a where the run's ``analyze/step_failures`` could not say (its note)."""
+    if not any(a.get("steps") for a in arms):
+        return []
+    rows = [("base", s) for s in arms[0].get("base_steps", [])] + [(a["arm"], s) for a in arms for s in a["steps"]]
+
+    def n(v: Any) -> str:
+        return "n/a" if v is None else f"{v:g}"
+
+    def mm(med: Any, mean: Any) -> str:
+        return "n/a" if med is None else f"{med:g} ({mean:.2f})"
+
+    out = ["Agent steps (turns) of the sealed attempts, solved and failed apart, median (mean), and how the failed "
+           "attempts ended (counts of the failed: wrong answer, turn limit, token limit, no answer, timeout), with "
+           "the attempts that had a tool error (`analyze/step_failures`, P6).", "",
+           "| checkpoint | harness | solved / graded | steps solved | steps failed | wrong answer | turn limit "
+           "| token limit | no answer | timeout | tool errors |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for ck, s in rows:
+        out.append("| " + " | ".join(_cell(str(x)) for x in [
+            ck, s["harness"], f"{s['solved']} / {s['graded']}", mm(s["median_turns_solved"], s["mean_turns_solved"]),
+            mm(s["median_turns_failed"], s["mean_turns_failed"]), n(s["failed_submitted"]), n(s["failed_max_turns"]),
+            n(s["failed_max_tokens"]), n(s["failed_format_error"]), n(s["failed_timeout"]),
+            n(s["tool_error_attempts"])]) + " |")
+    notes = [f"{ck} / {s['harness']}: {s['note']}" for ck, s in rows if s.get("note")]
+    return out + [""] + ([f"- {_cell(x)}" for x in notes] + [""] if notes else [])
+
+
 def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img" / "findings") -> str:
     """The findings table: one row per tested headline, newest first, from ``findings.jsonl``."""
     f = results / "findings.jsonl"
@@ -308,6 +339,7 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
                     "n/a" if a["relative_bias"] is None else f"{a['relative_bias']:.3f}",
                     yn(a["stable"]) + (f" ({a['reason']})" if a.get("reason") else ""), rw, rates]) + " |")
             lines.append("")
+            lines += _steps_table(list(latest.values()))
         for p in sorted(figures.glob(f"{run}--*.png")) if figures.is_dir() else []:
             lines += [f"![{p.stem.split('--')[1]} of {run}](img/findings/{p.name})", ""]
     return "\n".join(lines + [""])

@@ -55,3 +55,28 @@ def test_unknown_harness_and_missing_model_are_refused_at_load(tmp_path):
     p.write_text(f"name: x\nsuites: [{{name: basic_arithmetic, size: 2}}]\nharnesses: [direct]\npolicy: {{model: {tmp_path / 'none'}}}\n")
     with pytest.raises(ConfigError, match="policy.model=.*none.*config.json"):
         load_config(p)
+
+
+def test_p6_findings_config_and_its_quick_version_load_as_registered():
+    """P6's findings config: GSPO with the paper's clip range, GRPO and a shuffled-reward GSPO
+    control on one rank-32 LoRA budget, one epoch over frozen rollouts, held-out harnesses never
+    trained on, and every learning finding read against the control."""
+    for quick in (False, True):
+        cfg = load_config(REPO / "configs/p6-findings.yaml", quick=quick)
+        arms = dict(cfg.arm_configs())
+        assert list(arms) == ["gspo", "grpo", "control"]
+        assert [(a.algorithm, a.clip_low, a.clip_high, a.reward_control) for a in arms.values()] == [
+            ("gspo", 3e-4, 4e-4, "none"), ("grpo", 0.2, 0.2, "none"), ("gspo", 3e-4, 4e-4, "shuffle")]
+        assert all(a.lora.r == 32 and a.mode == "frozen" and a.num_epochs == 1 and a.kl.beta == 0 and
+                   a.agg == "seq_mean_token_mean" for a in arms.values())
+        assert len({(a.lr, a.batch_size, a.lora.alpha) for a in arms.values()}) == 1  # the same budget
+        assert cfg.split.disjoint and cfg.suites[0].reward == "exact"
+        held = set(cfg.evaluate.harnesses) - set(cfg.harnesses)
+        assert held == {"react-python", "direct"}
+        contrasts = {c.name: c for c in cfg.evaluate.contrasts}
+        for f in cfg.evaluate.findings:
+            a = contrasts[f.contrast].a
+            if a.checkpoint == "gspo" and contrasts[f.contrast].b.checkpoint == "base":
+                ctl = contrasts[f.control]
+                assert (ctl.a.checkpoint, ctl.a.harness, ctl.b.checkpoint) == ("control", a.harness, "base")
+        assert {contrasts[f.contrast].a.harness for f in cfg.evaluate.findings} >= held

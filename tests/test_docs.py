@@ -161,3 +161,30 @@ def test_the_findings_page_shows_each_runs_arms_last_published(tmp_path):
             "first 3 0.200) | 0.200 -> 0.050 | direct chain_sum: 0.250 [0.100, 0.400] |") in page
     assert "| nokl | none | 0 | 0 | none | n/a | n/a | yes | 0.200 -> 0.050 | direct chain_sum: n/a |" in page
     assert page.count("| k3-reward |") == 1
+    assert "Agent steps (turns)" not in page  # no arm row carries P6's steps: no steps table
+
+
+def test_the_findings_page_shows_p6_steps_before_and_after(tmp_path):
+    row = {"paper": "P6", "name": "x", "headline": "h", "measure": "contrast", "estimate": 0.1, "ci_low": 0.0,
+           "ci_high": 0.2, "n": 10, "verdict": "inconclusive", "control": None, "config": "c", "config_hash": "ab",
+           "commit": "0123456789abcdef", "key_fingerprint": "f", "wall_s": 1.0}
+    (tmp_path / "findings.jsonl").write_text(json.dumps(row) + "\n")
+
+    def st(h, solved, graded, med_s, mean_s, med_f, mean_f, ends, tool, note=""):
+        return {"harness": h, "graded": graded, "solved": solved, "failed": graded - solved,
+                "median_turns_solved": med_s, "mean_turns_solved": mean_s, "median_turns_failed": med_f,
+                "mean_turns_failed": mean_f, **dict(zip(("failed_submitted", "failed_max_turns", "failed_max_tokens",
+                                                         "failed_format_error", "failed_timeout"), ends)),
+                "format_error_attempts": 0, "tool_error_attempts": tool, "truncated_turns": 0, "unparsed_answers": 0,
+                "note": note}
+    base = [st("react-python-skill", 0, 4, None, None, 3.0, 2.75, (1, 2, 1, 0, 0), 1,
+               note="no solved attempt: turns per solved attempt n/a")]
+    arm = {"run": "p6-findings-abc", "arm": "gspo", "kl_config": "", "beta": 0.0, "max_staleness": 0,
+           "reward_control": "none", "unbiased": None, "relative_bias": None, "stable": True, "reason": "",
+           "early_reward": 0.1, "late_reward": 0.2, "pass_at_1": [],
+           "steps": [st("react-python-skill", 2, 4, 1.5, 1.5, 3.0, 3.0, (0, 2, 0, 0, 0), None)], "base_steps": base}
+    (tmp_path / "findings_arms.jsonl").write_text(json.dumps(arm) + "\n")
+    page = gen_docs.findings_page(tmp_path, tmp_path / "no-figures")
+    assert "| base | react-python-skill | 0 / 4 | n/a | 3 (2.75) | 1 | 2 | 1 | 0 | 0 | 1 |" in page
+    assert "| gspo | react-python-skill | 2 / 4 | 1.5 (1.50) | 3 (3.00) | 0 | 2 | 0 | 0 | 0 | n/a |" in page
+    assert "- base / react-python-skill: no solved attempt: turns per solved attempt n/a" in page

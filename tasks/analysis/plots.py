@@ -235,3 +235,36 @@ def action_jsd_plot(jsd: list[dict[str, Any]]) -> bytes | None:
     ax.set_xlabel("JSD (bits)")
     ax.set_title("action-distribution divergence (blue: between harnesses, orange: between checkpoints)", fontsize=9)
     return _png(fig)
+
+
+def steps_plot(rows: list[dict[str, Any]]) -> bytes | None:
+    """P6 (``step_failures`` rows): left, the mean agent steps (turns) of the solved and of the
+    failed sealed attempts per (checkpoint, harness), a missing bar where the cell has none;
+    right, how the failed attempts ended, as shares of the cell's failed attempts stacked by
+    reason (cells whose endings are n/a, or with no failed attempt, are left empty)."""
+    if not rows:
+        return None
+    rows = sorted(rows, key=lambda r: (r["harness_name"], r["checkpoint"]))
+    labels = [f"{r['harness_name']}: {r['checkpoint']}" for r in rows]
+    y = list(range(len(rows)))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 1.2 + 0.32 * len(rows)), sharey=True)
+    for off, col, name, color in ((-0.2, "mean_turns_solved", "solved", "#55a868"),
+                                  (0.2, "mean_turns_failed", "failed", "#c44e52")):
+        a1.barh([v + off for v in y], [r[col] if _finite(r[col]) else 0.0 for r in rows], height=0.4, color=color,
+                label=name)
+    a1.set_yticks(y, labels, fontsize=7)
+    a1.invert_yaxis()
+    a1.set_xlabel("mean agent steps (turns)")
+    a1.legend(fontsize=7)
+    left = [0.0] * len(rows)
+    ends = [("failed_submitted", "wrong answer"), ("failed_max_turns", "turn limit"),
+            ("failed_max_tokens", "token limit"), ("failed_format_error", "no answer"), ("failed_timeout", "timeout")]
+    for col, name in ends:
+        share = [r[col] / r["failed"] if r["failed"] and r[col] is not None else 0.0 for r in rows]
+        a2.barh(y, share, left=left, label=name)
+        left = [a + b for a, b in zip(left, share)]
+    a2.set_xlim(0, 1.0)
+    a2.set_xlabel("share of failed attempts")
+    a2.legend(fontsize=7, loc="lower right")
+    fig.suptitle("P6: agent steps and how failed attempts ended", fontsize=9)
+    return _png(fig)

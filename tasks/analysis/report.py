@@ -165,6 +165,7 @@ class ReportInputs:
     kl_check: list[dict[str, Any]] = field(default_factory=list)
     arms: list[dict[str, Any]] = field(default_factory=list)
     learning_curve: list[dict[str, Any]] = field(default_factory=list)
+    step_failures: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _figure(inp: ReportInputs, name: str, caption: str) -> list[str]:
@@ -284,6 +285,9 @@ def render_report(inp: ReportInputs) -> str:
                 "per suite: do the unbiased configurations also train better here?", ""]
         out += _table(["arm", "KL configuration", "unbiased", "relative bias", "agrees with paper", "stable",
                        "pass@1 per suite [95% interval]"], rows, "lllrlll", keep=1) + [""]
+
+    out += step_failures_section(inp.step_failures)
+    out += _figure(inp, "step_failures", "agent steps and failure modes")
 
     out += ["## P1: harness ceiling minus mismatch", ""]
     if inp.mismatch:
@@ -412,3 +416,45 @@ def talkmesh_section(heads: list[dict[str, Any]], evals: list[dict[str, Any]], e
             "outputs = model-written messages per problem (proposals, hints, revisions):", ""]
     out += _table(["harness", "checkpoint", "attempts", "accuracy", "outputs / problem", "revisions kept"], rows, keep=2)
     return "\n".join(out) + "\n"
+
+
+def _rate(k: Any, n: int) -> str:
+    """``k (k/n)`` as a count with its rate, n/a where the count is None."""
+    return "n/a" if k is None else f"{k} ({k / n:.2f})" if n else str(k)
+
+
+def step_failures_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The report's P6 section (lines of Markdown; none without rows): per checkpoint and
+    harness, median (mean) agent steps of the solved and of the failed attempts, then how the
+    failed attempts ended and the turn-level errors, as counts with their rate (over failed
+    attempts for the endings, over graded attempts for the rest); ``n/a`` with the row's note
+    where the data cannot say (``analyze/step_failures``, :func:`tasks.analysis.steps.step_failures`)."""
+    if not rows:
+        return []
+    out = ["## P6: agent steps and failure modes", "",
+           "Agent steps (turns) per graded attempt of the sealed evaluation, solved and failed apart: median (mean). "
+           "The paper reports the median steps falling 24-35% after training; compare each arm's row with `base` "
+           "under the same harness.", ""]
+    body = [[r["checkpoint"], r["harness_name"], str(r["graded"]), str(r["solved"]),
+             f"{_f(r['median_turns_solved'], '.1f')} ({_f(r['mean_turns_solved'], '.2f')})",
+             f"{_f(r['median_turns_failed'], '.1f')} ({_f(r['mean_turns_failed'], '.2f')})"] for r in rows]
+    out += _table(["checkpoint", "harness", "graded", "solved", "steps solved", "steps failed"], body, "llrrrr",
+                  keep=2) + [""]
+    out += ["How the failed attempts ended (count (share of failed)): wrong answer given in time, out of turns, "
+            "reply cut at the token limit, no answer at all (format), episode timeout; and over all graded "
+            "attempts: attempts with a reply the harness answered with its format-error message, with a tool call "
+            "that failed (non-zero exit, timeout, a limit), replies cut at the token limit (turns), answers not "
+            "in the harness's format.", ""]
+    body = [[r["checkpoint"], r["harness_name"], str(r["failed"]), _rate(r["failed_submitted"], r["failed"]),
+             _rate(r["failed_max_turns"], r["failed"]), _rate(r["failed_max_tokens"], r["failed"]),
+             _rate(r["failed_format_error"], r["failed"]), _rate(r["failed_timeout"], r["failed"]),
+             _rate(r["format_error_attempts"], r["graded"]), _rate(r["tool_error_attempts"], r["graded"]),
+             "n/a" if r["truncated_turns"] is None else str(r["truncated_turns"]),
+             _rate(r["unparsed_answers"], r["graded"])] for r in rows]
+    out += _table(["checkpoint", "harness", "failed", "wrong answer", "turn limit", "token limit", "no answer",
+                   "timeout", "format-error replies", "tool errors", "cut replies", "unparsed"], body,
+                  "ll" + "r" * 10, keep=2) + [""]
+    notes = [f"{r['checkpoint']} / {r['harness_name']}: {r['note']}" for r in rows if r["note"]]
+    if notes:
+        out += ["n/a because:", ""] + [f"- {md_cell(n)}" for n in notes] + [""]
+    return out

@@ -7,7 +7,8 @@ harness beside each trained checkpoint's gain and return), ``predictors`` (their
 the reason), ``step_mismatch`` (branching; only when
 ``analyze.branching.episodes_per_harness`` > 0), ``log_odds`` + ``log_odds_pairs`` (only with a
 trained checkpoint and ``analyze.log_odds.max_states_per_harness`` > 0), ``leakage`` (Within vs
-Cross), ``action_jsd``. Figures: ``analyze/plots/*.png``; report: ``analyze/report.md``.
+Cross), ``action_jsd``, ``step_failures`` (P6: agent steps per solved and failed attempt, failure
+modes). Figures: ``analyze/plots/*.png``; report: ``analyze/report.md``.
 An analysis that cannot be computed for this run (one training harness: no leakage classifier)
 leaves a null figure with a note saying why, never a made-up number.
 """
@@ -189,6 +190,7 @@ def _figures(store: ArtifactStore, tables: dict[str, list[dict[str, Any]]]) -> d
         "r2_comparison": plots.r2_comparison(tables["predictors"]),
         "leakage": plots.leakage_plot(tables["leakage"]),
         "action_jsd": plots.action_jsd_plot(tables["action_jsd"]),
+        "step_failures": plots.steps_plot(tables.get("step_failures", [])),
     }
     out = {}
     for name, png in made.items():
@@ -274,12 +276,22 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
     leakage = leakage_rows(plain_eps, cfg) if plain_eps else []
     notes += [f"{r['rule']}: {r['note']}" for r in leakage if r["note"]]
     labels = {e["eval_id"]: (e["checkpoint"], e["harness_name"]) for e in evals}
-    jsd = jsd_table(action_distributions(store.rows(inputs["eval_turns"], contract="turns"), labels))
+    eval_turns = store.rows(inputs["eval_turns"], contract="turns")
+    jsd = jsd_table(action_distributions(eval_turns, labels))
+    from tasks.analysis.steps import step_failures
+
+    # P6: agent steps per solved / failed attempt and the failure modes (a single-reply harness has no turn
+    # limit; talkmesh turns are agents' messages, not steps: left out)
+    tasks_rows = store.rows(inputs["tasks"])
+    steps_fail = step_failures(
+        [e for e in evals if specs[e["harness_id"]].loop_type != "talkmesh"], eval_turns,
+        {s.name: (None if s.loop_type == "single_turn" else s.max_turns) for s in specs.values()},
+        {t["task_id"] for t in tasks_rows if t["environment"] == "answer"})
 
     from tasks.analysis.arms import suite_pass_rates, training_stability
 
     train_steps = store.rows(inputs["train_steps"])
-    suite_of = {t["task_id"]: t["suite"] for t in store.rows(inputs["tasks"])}
+    suite_of = {t["task_id"]: t["suite"] for t in tasks_rows}
     suites = suite_pass_rates(evals, suite_of, resamples=a.bootstrap_resamples, seed=a.seed)
     stability = training_stability(train_steps, a.divergence_kl,
                                    a.stability.model_dump() if a.stability else None)
@@ -310,6 +322,9 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
         "leakage": store.write("analyze", "leakage", leakage, inputs=[inputs["episodes"]], config_hash=ch),
         "action_jsd": store.write("analyze", "action_jsd", jsd, inputs=[*ev_in, inputs["eval_turns"]],
                                   config_hash=ch),
+        "step_failures": store.write("analyze", "step_failures", steps_fail,
+                                     inputs=[*ev_in, inputs["eval_turns"], inputs["harnesses"], inputs["tasks"]],
+                                     config_hash=ch),
     }
     if kl_rows:
         refs["kl_check"] = store.write("analyze", "kl_check", kl_rows, config_hash=ch)
@@ -322,7 +337,8 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
         refs["log_odds_pairs"] = store.write("analyze", "log_odds_pairs", lo_pairs, inputs=lo_in, config_hash=ch)
 
     tables = {"train_steps": train_steps, "eval_cells": store.rows(inputs["eval_cells"]), "learning_curve": curve,
-              "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd}
+              "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd,
+              "step_failures": steps_fail}
     figures = _figures(store, tables)
     report = render_report(ReportInputs(
         run_name=cfg.name, config_hash=cfg.config_hash(), model=cfg.policy.model,
@@ -332,13 +348,13 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
         eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
         predictors=predictors, p1_points=points, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
         figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
-        arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve))
+        arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve, step_failures=steps_fail))
     if mesh_names:
         from tasks.analysis.report import talkmesh_section
 
         report = report.rstrip("\n") + "\n\n" + talkmesh_section(
             store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
-            evals, store.rows(inputs["eval_turns"], contract="turns"), mesh_names)
+            evals, eval_turns, mesh_names)
     store.write_text(REPORT, report)
     advance(1)
 

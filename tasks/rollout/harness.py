@@ -269,6 +269,8 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
             ep.done = True
         else:
             outs, submitted = _run_calls(ep, spec, parsed, sandbox_cfg)
+            if outs:  # each call's exec status ("ok", "error": non-zero exit, ...): P6's tool errors
+                action["tool_status"] = [out.status for _, out in outs]
             browser_done = bool(ep.env.browser is not None and ep.env.browser.done())
             if submitted or parsed.answer is not None or browser_done:
                 ep.done = True

@@ -159,7 +159,8 @@ def test_report_and_figures(analyzed):
         assert section in report
     figs = store.list_files("analyze/plots")
     assert [f.rsplit("/", 1)[-1] for f in figs] == ["action_jsd.png", "ceiling_vs_return.png", "leakage.png", "learning_curves.png",
-                                                   "pass_rate_heatmap.png", "r2_comparison.png"]
+                                                   "pass_rate_heatmap.png", "r2_comparison.png",
+                                                   "step_failures.png"]
     for f in figs:
         assert store.read_bytes(f).startswith(PNG)
         assert f"]({f.removeprefix('analyze/')})" in report
@@ -206,7 +207,7 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
     arts = {a.key: a for a in asyncio.run(fetch())}
     report = arts["harnessrl-report"].data
     figs = store.list_files("analyze/plots")
-    assert "](plots/" not in report and report.count("](data:image/png;base64,") == len(figs) == 6
+    assert "](plots/" not in report and report.count("](data:image/png;base64,") == len(figs) == 7
     assert arts["harnessrl-report"].flow_run_id != arts["harnessrl-mismatch"].flow_run_id  # tables: a subflow run
     # the link opens the report artifact's page in the UI that shows it, not a file:// URL a browser blocks
     ui = PREFECT_UI_URL.value()
@@ -229,3 +230,19 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
     assert top.name == run_label(cfg) and tables_run.name == f"report-tables · {run_label(cfg)}"
     assert sorted(tables_run.tags) == ["P1", "p1-analysis"]
 
+
+
+def test_step_failures_cover_every_cell_and_agree_with_the_sealed_counts(analyzed):
+    cfg, store, refs, out = analyzed
+    steps = store.rows(out["step_failures"])
+    cells = {(c["checkpoint"], c["harness_name"]): c for c in store.rows(refs["eval_cells"]) if c["kind"] == "cell"}
+    assert {(r["checkpoint"], r["harness_name"]) for r in steps} == set(cells)
+    for r in steps:
+        c = cells[(r["checkpoint"], r["harness_name"])]
+        assert r["graded"] == c["graded"] and r["solved"] + r["failed"] == r["graded"]
+        # the same attempts per task and no infra error here: pass@1 = solved / graded
+        assert r["solved"] / r["graded"] == pytest.approx(c["pass_at_1"])
+        if r["failed"] and not r["note"]:
+            assert sum(r[f"failed_{k}"] for k in ("timeout", "max_tokens", "format_error", "max_turns",
+                                                   "submitted")) == r["failed"]
+    assert "## P6: agent steps and failure modes" in store.read_bytes(REPORT).decode()

@@ -45,4 +45,31 @@ def test_arm_rows_match_each_arm_to_its_kl_configuration_stability_and_pass_rate
     assert (off["kl_config"], off["unbiased"], off["max_staleness"]) == ("k3/loss/stale-is", True, 2)
     assert off["stable"] is False and "reward collapsed" in off["reason"] and abs(off["late_reward"] - 0.075) < 1e-12
     assert (nokl["kl_config"], nokl["unbiased"], nokl["relative_bias"], nokl["beta"]) == ("", None, None, 0.0)
+    assert k1["steps"] == [] and k1["base_steps"] == []  # no analyze/step_failures here
     assert arm_rows(ArtifactStore(tmp_path / "empty"), cfg, "x") == []  # not analysed: no rows
+
+
+def test_arm_rows_carry_each_arms_and_the_bases_steps(tmp_path):
+    from tasks.analysis.steps import step_failures
+
+    cfg = RunConfig.model_validate({
+        "name": "p6", "suites": [{"name": "chain_sum", "size": 20}], "split": {"test_fraction": 0.5},
+        "harnesses": ["react-python"], "train": {"agg": "seq_mean_token_mean"},
+        "arms": [{"name": "gspo", "train": {"algorithm": "gspo"}}, {"name": "grpo"}]})
+    store = ArtifactStore(tmp_path)
+    store.write("analyze", "training_stability", training_stability(
+        [{"arm": a, "step": 0, "loss": 0.1, "kl": float("nan"), "grad_norm": 1.0, "reward_mean": 0.1}
+         for a in ("gspo", "grpo")], 1.0))
+    ev = [{"eval_id": f"{ck}{i}", "checkpoint": ck, "harness_name": "react-python", "record_id": f"r{i}",
+           "task_id": f"t{i}", "attempt": 0, "retry": 0, "status": "resolved" if ok else "unresolved",
+           "resolved": ok, "num_turns": n, "final_answer": "1", "answer_parsed": True}
+          for ck, outs in (("base", [(False, 3), (True, 3)]), ("gspo", [(True, 1), (True, 2)]))
+          for i, (ok, n) in enumerate(outs)]
+    store.write("analyze", "step_failures", step_failures(ev, [], {"react-python": 3}, set()))
+    rows = {r["arm"]: r for r in arm_rows(store, cfg, "p6-abc")}
+    g = rows["gspo"]
+    assert [(s["harness"], s["solved"], s["median_turns_solved"], s["mean_turns_solved"]) for s in g["steps"]] == \
+        [("react-python", 2, 1.5, 1.5)]
+    assert [(s["solved"], s["failed"], s["median_turns_solved"], s["median_turns_failed"]) for s in g["base_steps"]] \
+        == [(1, 1, 3.0, 3.0)]
+    assert rows["grpo"]["steps"] == [] and rows["grpo"]["base_steps"] == g["base_steps"]

@@ -225,3 +225,22 @@ def test_episode_wall_limit_counts_environment_time_not_generation(tok, tmp_path
     eps, turns = run_episodes(ScriptedPolicy(tok, ["```bash\nsleep 0.6\n```"]), load_harness(p),
                               [EpisodeJob("ep", {}, task, 0, 0)], SandboxConfig(), seed=0)
     assert (eps[0]["status"], eps[0]["num_turns"]) == ("timeout", 2)
+
+
+@register_verifier("test_answer_equals")
+def _answer_equals(spec, answer, ctx):
+    """1.0 when the submitted answer is the expected one."""
+    return float(answer == spec["expected"])
+
+
+def test_react_python_records_each_tool_calls_exec_status(tok):
+    """P6 counts tool errors from the sealed turns: a program that raises is 'error', one that
+    runs is 'ok', and a turn without a tool call carries no status."""
+    task = Task(task_id="a/0", suite="test/answer", instruction="What is 3 + 4?", verifier_kind="test_answer_equals",
+                verifier_spec={"expected": "7"}, environment="answer").to_row("train")
+    script = ["```python\nprint(1 / 0)\n```", "```python\nprint(3 + 4)\n```", "Answer: 7"]
+    ep, turns, _ = _run(tok, "react-python", script, task)
+    assert (ep["reward"], ep["num_turns"], ep["stop_reason"]) == (1.0, 3, "submitted")
+    acts = [json.loads(t["action"]) for t in turns]
+    assert [a.get("tool_status") for a in acts] == [["error"], ["ok"], None]
+    assert "ZeroDivisionError" in turns[0]["observation"]
