@@ -1,4 +1,4 @@
-"""Agent steps and the failure modes a harness can see, per (checkpoint, harness) (METHODS.md P6).
+"""Agent steps and the failure modes a harness can see, per (checkpoint, harness) (docs/methods/p6-gspo-lora.md).
 
 P6 reports that training cut the median agent steps by 24-35%. :func:`step_failures` reads the
 sealed evaluation (its final attempts and their turns, ``eval_turns``) and gives, per cell, the
