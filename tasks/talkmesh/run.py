@@ -30,6 +30,7 @@ import logging
 import random
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,15 +43,23 @@ from tasks.talkmesh.protocol import MeshResult, MeshSettings, Output, Problem, r
 log = logging.getLogger("harnessrl.talkmesh")
 
 
-def pick_problems(tasks: list[dict[str, Any]], split: str, n: int) -> list[Problem]:
-    """The first ``n`` tasks of ``split`` by task hash, as problems.
+def pick_problems(tasks: list[dict[str, Any]], split: str, n: int, distinct: bool = False) -> list[Problem]:
+    """The first ``n`` tasks of ``split`` by task hash, as problems. ``distinct``: skip a task whose
+    normalised problem (:func:`tasks.records.overlap.problem_key`) an earlier task of the split
+    already has, so no two problems are draws of one expression.
 
     Raises:
-        ValueError: the split has fewer than ``n`` tasks.
+        ValueError: the split has fewer than ``n`` (distinct) tasks.
     """
+    from tasks.records.overlap import problem_key
+
     rows = sorted((t for t in tasks if t["split"] == split), key=lambda t: t["task_hash"])
+    if distinct:
+        seen: set[str] = set()
+        rows = [t for t in rows if not (problem_key(t) in seen or seen.add(problem_key(t)))]  # type: ignore[func-returns-value]
     if len(rows) < n:
-        raise ValueError(f"talkmesh: {n} {split} problems wanted but the frozen {split} split has {len(rows)}")
+        what = "distinct problems" if distinct else "tasks"
+        raise ValueError(f"talkmesh: {n} {split} problems wanted but the frozen {split} split has {len(rows)} {what}")
     return [Problem(t["task_id"], t["instruction"], t["verifier_kind"], t["verifier_spec"]) for t in rows[:n]]
 
 
@@ -141,8 +150,8 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     tm = cfg.talkmesh
     t_start = time.perf_counter()
     tasks = store.rows(frozen["tasks"])
-    train_p = pick_problems(tasks, "train", tm.train_problems)
-    test_p = pick_problems(tasks, "test", tm.test_problems)
+    train_p = pick_problems(tasks, "train", tm.train_problems, bool(tm.distinct_problems))
+    test_p = pick_problems(tasks, "test", tm.test_problems, bool(tm.distinct_problems))
     spec = next((s for s in harness_specs(store, frozen["harnesses"]).values() if s.name == tm.harness), None)
     if spec is None:
         raise ValueError(f"talkmesh: harness {tm.harness!r} is not among the frozen harnesses")
@@ -227,8 +236,34 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
             return run_mesh(probs, props, score, tk, grader, settings, seed=seed_from(cfg.seed, "talkmesh", cond) % 2**31,
                             **kw)
 
+        reps = tm.mesh_repeats or 1
+        mesh_points: dict[str, dict[str, Any]] = {}  # condition -> agents, per-problem accuracy, outputs spent
+
+        def evaluate_mesh(tk: Any, cond: str, n: int, label: str) -> None:
+            """The n-agent mesh on the test problems, ``reps`` times (repeat r on samples [r*n, (r+1)*n),
+            its rows under ``cond`` for r = 0 and ``cond-r<r>`` after); the summary row and the
+            per-problem accuracy are over every repeat."""
+            st = replace(settings, agents=n)
+            merged = MeshResult()
+            acc = [0.0] * len(test_p)
+            for r in range(reps):
+                c = cond if r == 0 else f"{cond}-r{r}"
+                res = run_mesh(test_p, [row[r * n:(r + 1) * n] for row in test_props], score, tk, grader, st,
+                               seed=seed_from(cfg.seed, "talkmesh", c) % 2**31)
+                messages.extend({"condition": c, **m} for m in res.messages)
+                results.extend({"condition": c, **x} for x in res.results)
+                merged.messages += res.messages
+                merged.results += res.results
+                got = {x["problem_id"]: bool(x["correct"]) for x in res.results}
+                acc = [a + got[p.problem_id] / reps for a, p in zip(acc, test_p)]
+            summary.append(summary_row(cond, merged, agents=n, colluders=0, defended=False, talk=label))
+            per_problem[cond] = [bool(a) for a in acc] if reps == 1 else acc
+            mesh_points[cond] = {"agents": n, "per_problem": acc, "outputs_spent": summary[-1]["outputs_spent"]}
+            log.info("talkmesh: %s (%d agents, %d repeat(s)): accuracy %.3f, %.1f outputs/problem", cond, n, reps,
+                     summary[-1]["accuracy"], summary[-1]["outputs_spent"])
+
         t0 = time.perf_counter()
-        record("mesh-base", mesh(talk, agents_test, test_p, "mesh-base"), colluders=0, defended=False, talk="base")
+        evaluate_mesh(talk, "mesh-base", tm.agents, "base")
         revisions: list[dict[str, Any]] = []
         if tm.train_talk:
             for g in range(tm.talk_group):
@@ -263,8 +298,11 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
             ttalk = LMTalk(trained, spec, tm.proposal_sampling, tm.talk_sampling, tm.max_solution_chars)
             label = "trained" if adapter is not None else "base"
             if adapter is not None:
-                record("mesh-talk", mesh(ttalk, agents_test, test_p, "mesh-talk"), colluders=0, defended=False,
-                       talk=label)
+                evaluate_mesh(ttalk, "mesh-talk", tm.agents, label)
+            size_cond = {tm.agents: "mesh-talk" if adapter is not None else "mesh-base"}
+            for n in tm.mesh_sizes or []:
+                size_cond[n] = f"mesh-{'talk' if adapter is not None else 'base'}-n{n}"
+                evaluate_mesh(ttalk, size_cond[n], n, label)
             for m in tm.colluders:
                 coll = frozenset(random.Random(seed_from(cfg.seed, "colluders", m)).sample(range(tm.agents), m))
                 poison = {p.problem_id: poison_answer(p, grader) for p in test_p}
@@ -281,10 +319,25 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
             _close(trained)
     timing["total_s"] = time.perf_counter() - t_start
     from tasks.talkmesh.baselines import contrast_pairs, paired_contrasts
-    from tasks.talkmesh.report import plot_png, report_markdown
+    from tasks.talkmesh.report import plot_budget_png, plot_png, report_markdown
 
     contrasts = paired_contrasts(per_problem, contrast_pairs(tm.colluders), resamples=tm.bootstrap_resamples,
                                  seed=seed_from(cfg.seed, "talkmesh", "bootstrap") % 2**31)
+    budget: list[dict[str, Any]] = []
+    found: list[dict[str, Any]] = []
+    if tm.mesh_sizes is not None or tm.findings is not None:
+        from tasks.talkmesh.baselines import vote_matrix
+        from tasks.talkmesh.findings import budget_rows, finding_table
+
+        votes = vote_matrix(answers, confs, oks, k_max=tm.samples, resamples=tm.resamples,
+                            seed=seed_from(cfg.seed, "resamples") % 2**31)  # the curves' orderings
+        budget = budget_rows(votes, mesh_points, resamples=tm.bootstrap_resamples,
+                             seed=seed_from(cfg.seed, "talkmesh", "budget") % 2**31)
+        if tm.findings is not None:
+            found = finding_table(tm.findings.rules, {n: (c, mesh_points[c]["per_problem"]) for n, c in size_cond.items()},
+                                  votes["majority"], alpha=tm.findings.alpha,
+                                  resamples=tm.findings.bootstrap_resamples,
+                                  seed=seed_from(cfg.seed, "talkmesh", "findings") % 2**31)
 
     ins = [frozen["tasks"], frozen["harnesses"]]
     ch = cfg.section_hash("policy", "train", "talkmesh", "suites", "split")
@@ -297,9 +350,13 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     if tm.train_talk:
         refs["talkmesh_talk_sequences"] = w("talkmesh_talk_sequences", talk_rows,
                                             extra={"train_steps": train_steps})
-    store.write_bytes("talkmesh/accuracy_vs_outputs.png", plot_png(curves, summary))
+    if budget:
+        refs["talkmesh_budget"] = w("talkmesh_budget", budget)
+    if tm.findings is not None:
+        refs["talkmesh_findings"] = w("talkmesh_findings", found)
+    store.write_bytes("talkmesh/accuracy_vs_outputs.png", plot_budget_png(budget) if budget else plot_png(curves, summary))
     store.write_text("talkmesh/report.md", report_markdown(cfg, curves, summary, calib, talk_rows, train_steps, timing,
-                                                           contrasts))
+                                                           contrasts, budget=budget, findings=found))
     return refs
 
 
