@@ -169,12 +169,11 @@ class FirstFourRight:
         return out
 
 
-def test_tiny_findings_run(tiny_model_dir, tmp_path):
-    """Scripted agents (proposal sample j right iff j < 4): meshes of 4 and 2 agents, two repeats
-    each on disjoint sample blocks, and two findings, all known by hand."""
+@pytest.fixture(scope="module")
+def tiny_findings(tiny_model_dir, tmp_path_factory):
+    """A tiny findings run with :class:`FirstFourRight` agents: ``(cfg, run folder, refs)``."""
     from transformers import AutoTokenizer
 
-    from tasks.evaluate.findings import verdict
     from tasks.records.stage import run_freeze
     from tasks.talkmesh.run import run_talkmesh
     from tests.talkmesh.test_run_e2e import _cfg
@@ -185,8 +184,19 @@ def test_tiny_findings_run(tiny_model_dir, tmp_path):
     cfg = _cfg(tiny_model_dir, train_talk=False, test_problems=3, samples=8, train_samples=6, mesh_sizes=[2],
                mesh_repeats=2, colluders=[], distinct_problems=True,
                findings={"alpha": 0.1, "bootstrap_resamples": 200, "rules": rules})
-    store = ArtifactStore(tmp_path)
+    rd = tmp_path_factory.mktemp("tiny-findings-run")
+    store = ArtifactStore(rd)
     refs = run_talkmesh(store, cfg, run_freeze(store, cfg, {}), lambda adapter: FirstFourRight(tok))
+    return cfg, rd, refs
+
+
+def test_tiny_findings_run(tiny_findings):
+    """Scripted agents (proposal sample j right iff j < 4): meshes of 4 and 2 agents, two repeats
+    each on disjoint sample blocks, and two findings, all known by hand."""
+    from tasks.evaluate.findings import verdict
+
+    cfg, tmp_path, refs = tiny_findings
+    store = ArtifactStore(tmp_path)
     res = store.rows(refs["talkmesh_results"])
     assert {r["condition"] for r in res} == {"mesh-base", "mesh-base-r1", "mesh-base-n2", "mesh-base-n2-r1"}
     assert all(sum(r["condition"] == c for r in res) == 3 for c in {r["condition"] for r in res})
@@ -244,3 +254,30 @@ def test_tiny_findings_run(tiny_model_dir, tmp_path):
 def test_published_rows_need_a_findings_table(tmp_path):
     with pytest.raises(FileNotFoundError, match="talkmesh_findings"):
         published_rows(ArtifactStore(tmp_path), config="c", config_hash="h", commit="x")
+
+
+def test_the_findings_command_publishes_unsealed_rows_and_the_figure(tiny_findings, tmp_path, monkeypatch):
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from flows.naming import run_label
+
+    cfg, rd, _ = tiny_findings
+    conf = tmp_path / "tiny-findings.yaml"
+    conf.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "findings.jsonl"
+    res = CliRunner().invoke(app, ["findings", "-c", str(conf), "--run-dir", str(rd), "--append", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["mesh4-vs-maj8", "mesh2-vs-maj1"]
+    assert all(r["sealed"] is False and r["key_fingerprint"] is None and r["config_hash"] == cfg.config_hash()
+               for r in rows)
+    assert (rows[0]["estimate"], rows[0]["verdict"]) == (-0.5, "not reproduced")
+    assert (tmp_path / "docs" / "img" / "findings" / f"{run_label(cfg)}--accuracy_vs_outputs.png").is_file()
+    # another config's run is refused, not published
+    res = CliRunner().invoke(app, ["findings", "-c", str(conf), "--run-dir", str(rd), "--set", "talkmesh.resamples=3"])
+    assert res.exit_code == 2 and "NOT THIS RUN" in res.output
