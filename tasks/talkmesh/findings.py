@@ -91,6 +91,43 @@ def budget_rows(votes: dict[str, np.ndarray], meshes: dict[str, dict[str, Any]],
     return rows
 
 
+def equal_budget_rows(meshes: dict[str, dict[str, Any]], majority: np.ndarray, *, resamples: int, seed: int,
+                      level: float = 0.95) -> list[dict[str, Any]]:
+    """Each mesh against majority vote at its own budget (descriptive, not a finding): k = its mean
+    outputs spent per problem, rounded half up and clipped to [1, K].
+
+    Args:
+        meshes: as :func:`budget_rows` (condition -> ``agents``, ``per_problem`` float [P],
+            ``outputs_spent``).
+        majority: float ``[P, K]``, majority vote's per-problem accuracy at column k - 1.
+        resamples, seed, level: of :func:`tasks.evaluate.stats.paired_bootstrap` (seed
+            ``seed_from(seed, condition)``).
+
+    Returns rows ``{"condition", "agents", "outputs_spent", "k", "mesh_accuracy",
+    "majority_accuracy", "difference", "ci_low", "ci_high", "level", "problems"}``
+    (difference = mesh - majority@k, mean over problems).
+
+    Raises:
+        ValueError: a mesh with another number of problems than ``majority``.
+    """
+    import math
+
+    from tasks.evaluate.stats import paired_bootstrap
+
+    maj = np.asarray(majority, dtype=np.float64)
+    rows = []
+    for cond, m in meshes.items():
+        a = np.asarray(m["per_problem"], dtype=np.float64)
+        if a.shape != (maj.shape[0],):
+            raise ValueError(f"equal_budget_rows: {cond} has {a.size} problems, the vote {maj.shape[0]}")
+        k = min(max(int(math.floor(float(m["outputs_spent"]) + 0.5)), 1), maj.shape[1])
+        est, lo, hi, _ = paired_bootstrap(a, maj[:, k - 1], resamples, seed_from(seed, cond) % 2**31, level)
+        rows.append({"condition": cond, "agents": int(m["agents"]), "outputs_spent": float(m["outputs_spent"]), "k": k,
+                     "mesh_accuracy": float(a.mean()), "majority_accuracy": float(maj[:, k - 1].mean()),
+                     "difference": est, "ci_low": lo, "ci_high": hi, "level": level, "problems": int(a.size)})
+    return rows
+
+
 def finding_table(rules: Sequence[Any], meshes: dict[int, tuple[str, Sequence[float]]], majority: np.ndarray, *,
                   alpha: float, resamples: int, seed: int) -> list[dict[str, Any]]:
     """Rows of the ``talkmesh_findings`` table, one per rule (:class:`tasks.talkmesh.config.MeshFinding`:
@@ -178,4 +215,5 @@ def published_rows(store: Any, *, config: str, config_hash: str, commit: str, fr
     return rows
 
 
-__all__ = ["MEASURE", "UNSEALED_REASON", "bootstrap_mean", "budget_rows", "finding_table", "published_rows"]
+__all__ = ["MEASURE", "UNSEALED_REASON", "bootstrap_mean", "budget_rows", "equal_budget_rows", "finding_table",
+           "published_rows"]

@@ -84,10 +84,13 @@ def plot_budget_png(budget: list[dict[str, Any]]) -> bytes:
     return buf.getvalue()
 
 
-def budget_findings_markdown(budget: list[dict[str, Any]], findings: list[dict[str, Any]]) -> list[str]:
-    """Report lines: the pre-registered findings (estimate, interval, verdict; not sealed) and the
-    accuracy-vs-outputs table with intervals (``talkmesh_budget`` rows at k = 1, 2, 3, 4, 6, 8,
-    16, 32 and K, and every mesh condition). Empty input: no lines."""
+def budget_findings_markdown(budget: list[dict[str, Any]], findings: list[dict[str, Any]],
+                             equal_budget: list[dict[str, Any]] | None = None) -> list[str]:
+    """Report lines: the pre-registered findings (estimate, interval, verdict; not sealed), each
+    mesh against majority vote at its own budget
+    (:func:`tasks.talkmesh.findings.equal_budget_rows`, descriptive) and the accuracy-vs-outputs
+    table with intervals (``talkmesh_budget`` rows at k = 1, 2, 3, 4, 6, 8, 16, 32 and K, and every
+    mesh condition). Empty input: no lines."""
     out: list[str] = []
     if findings:
         out += ["", "## Pre-registered findings (not sealed: written by `harnessrl talkmesh`, not the evaluate "
@@ -97,6 +100,13 @@ def budget_findings_markdown(budget: list[dict[str, Any]], findings: list[dict[s
                 f"{_f(f['majority_accuracy'])} | {f['estimate']:+.3f} | [{f['ci_low']:+.3f}, {f['ci_high']:+.3f}] "
                 f"({f['level']:.4f}) | {f['n']} | {f['claim']}, {f['margin']:.2f} | **{f['verdict']}**: "
                 f"{f['reason']} |" for f in findings]
+    if equal_budget:
+        out += ["", "## Each mesh against majority vote at its own budget (descriptive; paired problem bootstrap)", "",
+                "| mesh | agents | outputs/problem | k | mesh acc. | majority@k acc. | mesh - majority@k | interval |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {e['condition']} | {e['agents']} | {e['outputs_spent']:.1f} | {e['k']} | {_f(e['mesh_accuracy'])} | "
+                f"{_f(e['majority_accuracy'])} | {e['difference']:+.3f} | [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}] "
+                f"({e['level']:.0%}) |" for e in equal_budget]
     if budget:
         kmax = max((r["k"] for r in budget if r["kind"] == "vote"), default=0)
         ks = {k for k in (1, 2, 3, 4, 6, 8, 16, 32, kmax) if k <= kmax}
@@ -112,7 +122,8 @@ def budget_findings_markdown(budget: list[dict[str, Any]], findings: list[dict[s
 def report_markdown(cfg: TalkMeshRunConfig, curves: list[dict[str, Any]], summary: list[dict[str, Any]],
                     calib: list[dict[str, Any]], talk_rows: list[dict[str, Any]], train_steps: list[dict[str, Any]],
                     timing: dict[str, float], contrasts: list[dict[str, Any]] | None = None, *,
-                    budget: list[dict[str, Any]] | None = None, findings: list[dict[str, Any]] | None = None) -> str:
+                    budget: list[dict[str, Any]] | None = None, findings: list[dict[str, Any]] | None = None,
+                    equal_budget: list[dict[str, Any]] | None = None) -> str:
     """The report: the pre-registered findings and the accuracy-vs-outputs table with intervals
     (:func:`budget_findings_markdown`, when the run has them), the mesh and baselines table, the paired contrasts
     (:func:`tasks.talkmesh.baselines.paired_contrasts` rows), the vote curve at a few k, the
@@ -124,7 +135,7 @@ def report_markdown(cfg: TalkMeshRunConfig, curves: list[dict[str, Any]], summar
            f"topology {tm.topology}" + (f" (degree {tm.degree})" if tm.topology == "regular" else "") +
            f", {tm.rounds} talk round(s), revise below confidence {tm.threshold}; {tm.train_problems} training and "
            f"{tm.test_problems} test problems; K = {tm.samples} samples per test problem.",
-           *budget_findings_markdown(budget or [], findings or []), "",
+           *budget_findings_markdown(budget or [], findings or [], equal_budget), "",
            "## Mesh and baselines (test problems)", "",
            "| condition | talk | colluders | defended | accuracy | outputs/problem | consensus | revisions | kept | "
            "hints ignored |", "|---|---|---|---|---|---|---|---|---|---|"]

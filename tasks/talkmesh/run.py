@@ -324,15 +324,18 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     contrasts = paired_contrasts(per_problem, contrast_pairs(tm.colluders), resamples=tm.bootstrap_resamples,
                                  seed=seed_from(cfg.seed, "talkmesh", "bootstrap") % 2**31)
     budget: list[dict[str, Any]] = []
+    equal: list[dict[str, Any]] = []
     found: list[dict[str, Any]] = []
     if tm.mesh_sizes is not None or tm.findings is not None:
         from tasks.talkmesh.baselines import vote_matrix
-        from tasks.talkmesh.findings import budget_rows, finding_table
+        from tasks.talkmesh.findings import budget_rows, equal_budget_rows, finding_table
 
         votes = vote_matrix(answers, confs, oks, k_max=tm.samples, resamples=tm.resamples,
                             seed=seed_from(cfg.seed, "resamples") % 2**31)  # the curves' orderings
         budget = budget_rows(votes, mesh_points, resamples=tm.bootstrap_resamples,
                              seed=seed_from(cfg.seed, "talkmesh", "budget") % 2**31)
+        equal = equal_budget_rows(mesh_points, votes["majority"], resamples=tm.bootstrap_resamples,
+                                  seed=seed_from(cfg.seed, "talkmesh", "equal-budget") % 2**31)
         if tm.findings is not None:
             found = finding_table(tm.findings.rules, {n: (c, mesh_points[c]["per_problem"]) for n, c in size_cond.items()},
                                   votes["majority"], alpha=tm.findings.alpha,
@@ -351,12 +354,13 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
         refs["talkmesh_talk_sequences"] = w("talkmesh_talk_sequences", talk_rows,
                                             extra={"train_steps": train_steps})
     if budget:
-        refs["talkmesh_budget"] = w("talkmesh_budget", budget)
+        refs["talkmesh_budget"] = w("talkmesh_budget", budget, extra={"equal_budget": equal})
     if tm.findings is not None:
         refs["talkmesh_findings"] = w("talkmesh_findings", found)
     store.write_bytes("talkmesh/accuracy_vs_outputs.png", plot_budget_png(budget) if budget else plot_png(curves, summary))
     store.write_text("talkmesh/report.md", report_markdown(cfg, curves, summary, calib, talk_rows, train_steps, timing,
-                                                           contrasts, budget=budget, findings=found))
+                                                           contrasts, budget=budget, findings=found,
+                                                           equal_budget=equal))
     return refs
 
 

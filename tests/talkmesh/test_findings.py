@@ -10,7 +10,7 @@ import pytest
 from schemas import ArtifactStore
 from tasks.talkmesh.baselines import vote_curves, vote_matrix
 from tasks.talkmesh.config import MeshFinding, load_talkmesh_config
-from tasks.talkmesh.findings import bootstrap_mean, budget_rows, finding_table, published_rows
+from tasks.talkmesh.findings import bootstrap_mean, budget_rows, equal_budget_rows, finding_table, published_rows
 from tasks.talkmesh.talk import HINT_SYSTEM
 
 
@@ -61,6 +61,22 @@ def test_budget_rows_by_hand():
     assert rows[2]["ci_low"] >= 0.5 and rows[2]["ci_high"] <= 1.0 and rows[2]["problems"] == 2
     with pytest.raises(ValueError, match="same non-zero number of problems"):
         budget_rows(votes, {"m": {"agents": 3, "per_problem": [1.0], "outputs_spent": 3.0}}, resamples=10, seed=0)
+
+
+def test_equal_budget_rows_pick_k_from_the_outputs_spent():
+    # majority@k right on problem 0 only at k = 2, on both problems only at k = 4
+    maj = np.array([[0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+    meshes = {"a": {"agents": 3, "per_problem": [1.0, 0.5], "outputs_spent": 2.4},   # k = 2
+              "b": {"agents": 5, "per_problem": [0.0, 0.0], "outputs_spent": 3.5},   # k = 4 (half up)
+              "c": {"agents": 8, "per_problem": [1.0, 1.0], "outputs_spent": 11.0},  # k = 4 (clipped to K)
+              "d": {"agents": 2, "per_problem": [0.0, 1.0], "outputs_spent": 0.2}}   # k = 1 (clipped to 1)
+    rows = {r["condition"]: r for r in equal_budget_rows(meshes, maj, resamples=300, seed=0)}
+    assert [rows[c]["k"] for c in "abcd"] == [2, 4, 4, 1]
+    assert [rows[c]["majority_accuracy"] for c in "abcd"] == [0.5, 1.0, 1.0, 0.0]
+    assert [rows[c]["difference"] for c in "abcd"] == [0.25, -1.0, 0.0, 0.5]
+    assert (rows["c"]["ci_low"], rows["c"]["ci_high"]) == (0.0, 0.0) and rows["a"]["problems"] == 2
+    with pytest.raises(ValueError, match="has 1 problems"):
+        equal_budget_rows({"x": {"agents": 3, "per_problem": [1.0], "outputs_spent": 3.0}}, maj, resamples=10, seed=0)
 
 
 def _rule(name, agents, k, claim="equivalent", margin=0.1):
@@ -223,6 +239,11 @@ def test_tiny_findings_run(tiny_findings):
             assert r["accuracy"] == pytest.approx(summary[r["series"]]["accuracy"])
             assert r["outputs_spent"] == summary[r["series"]]["outputs_spent"]
     assert {r["series"] for r in budget if r["kind"] == "mesh"} == {"mesh-base", "mesh-base-n2"}
+    equal = {e["condition"]: e for e in store.manifest("talkmesh", "talkmesh_budget")["extra"]["equal_budget"]}
+    assert set(equal) == {"mesh-base", "mesh-base-n2"}
+    for cond, e in equal.items():
+        assert e["k"] == min(max(int(summary[cond]["outputs_spent"] + 0.5), 1), 8)
+        assert e["difference"] == pytest.approx(summary[cond]["accuracy"] - curves[("majority", e["k"])])
     found = {f["name"]: f for f in store.rows(refs["talkmesh_findings"])}
     f = found["mesh4-vs-maj8"]
     # majority@8 is a 4:4 tie that goes to the first-seen (right) answer
