@@ -56,7 +56,12 @@ def pick_problems(tasks: list[dict[str, Any]], split: str, n: int, distinct: boo
     rows = sorted((t for t in tasks if t["split"] == split), key=lambda t: t["task_hash"])
     if distinct:
         seen: set[str] = set()
-        rows = [t for t in rows if not (problem_key(t) in seen or seen.add(problem_key(t)))]  # type: ignore[func-returns-value]
+        kept = []
+        for t in rows:
+            if problem_key(t) not in seen:
+                seen.add(problem_key(t))
+                kept.append(t)
+        rows = kept
     if len(rows) < n:
         what = "distinct problems" if distinct else "tasks"
         raise ValueError(f"talkmesh: {n} {split} problems wanted but the frozen {split} split has {len(rows)} {what}")

@@ -302,3 +302,21 @@ def test_the_findings_command_publishes_unsealed_rows_and_the_figure(tiny_findin
     # another config's run is refused, not published
     res = CliRunner().invoke(app, ["findings", "-c", str(conf), "--run-dir", str(rd), "--set", "talkmesh.resamples=3"])
     assert res.exit_code == 2 and "NOT THIS RUN" in res.output
+
+
+def test_pick_problems_keeps_one_task_per_problem():
+    import json
+
+    from tasks.talkmesh.run import pick_problems
+
+    def task(h, expr, split="test"):
+        return {"task_id": f"t{h}", "task_hash": h, "split": split, "suite": "rg/chain_sum",
+                "instruction": f"Solve {expr} =", "metadata": json.dumps({"expression": expr}),
+                "verifier_kind": "exact", "verifier_spec": "{}"}
+
+    # "1 + 2" twice (hashes a and c), "(1 + 2)" is the same problem by its expression's AST; "2 + 1" is not
+    tasks = [task("c", "1 + 2"), task("a", "1 + 2"), task("b", "2 + 1"), task("d", "(1 + 2)"), task("e", "5 - 3", "train")]
+    assert [p.problem_id for p in pick_problems(tasks, "test", 4)] == ["ta", "tb", "tc", "td"]
+    assert [p.problem_id for p in pick_problems(tasks, "test", 2, distinct=True)] == ["ta", "tb"]
+    with pytest.raises(ValueError, match="3 test problems wanted but the frozen test split has 2 distinct problems"):
+        pick_problems(tasks, "test", 3, distinct=True)
