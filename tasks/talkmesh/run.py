@@ -21,6 +21,9 @@ the mesh against majority and confidence-weighted vote, the collusion experiment
    (:func:`tasks.talkmesh.baselines.paired_contrasts`).
 5. Tables under ``talkmesh/`` (Parquet, contracts in :mod:`tasks.talkmesh.contracts`), the talk
    adapter, ``report.md`` and ``accuracy_vs_outputs.png``.
+
+Resumable (:mod:`tasks.talkmesh.resume`): the proposals, every mesh run and the talk training are
+kept as they finish, so the same config run again into the same folder after a kill reuses them.
 """
 
 from __future__ import annotations
@@ -154,6 +157,11 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
 
     tm = cfg.talkmesh
     t_start = time.perf_counter()
+    from tasks.hashing import sha256_text
+    from tasks.talkmesh.resume import StepCache
+
+    cache = StepCache(store, sha256_text(cfg.section_hash("policy", "train", "talkmesh", "suites", "split") + "|" +
+                                         frozen["tasks"].sha256))
     tasks = store.rows(frozen["tasks"])
     train_p = pick_problems(tasks, "train", tm.train_problems, bool(tm.distinct_problems))
     test_p = pick_problems(tasks, "test", tm.test_problems, bool(tm.distinct_problems))
@@ -174,8 +182,9 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     try:
         talk = LMTalk(base, spec, tm.proposal_sampling, tm.talk_sampling, tm.max_solution_chars)
         t0 = time.perf_counter()
-        train_props = talk.propose(train_p, tm.train_samples, seed_from(cfg.seed, "talkmesh", "train") % 2**31)
-        test_props = talk.propose(test_p, tm.samples, seed_from(cfg.seed, "talkmesh", "test") % 2**31)
+        train_props, test_props = cache.step("proposals", lambda: (
+            talk.propose(train_p, tm.train_samples, seed_from(cfg.seed, "talkmesh", "train") % 2**31),
+            talk.propose(test_p, tm.samples, seed_from(cfg.seed, "talkmesh", "test") % 2**31)))
         timing["proposals_s"] = time.perf_counter() - t0
         log.info("talkmesh: %d + %d proposals in %.1f s", len(train_p) * tm.train_samples, len(test_p) * tm.samples,
                  timing["proposals_s"])
@@ -253,8 +262,8 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
             acc = [0.0] * len(test_p)
             for r in range(reps):
                 c = cond if r == 0 else f"{cond}-r{r}"
-                res = run_mesh(test_p, [row[r * n:(r + 1) * n] for row in test_props], score, tk, grader, st,
-                               seed=seed_from(cfg.seed, "talkmesh", c) % 2**31)
+                res = cache.step(c, lambda: run_mesh(test_p, [row[r * n:(r + 1) * n] for row in test_props], score, tk,
+                                                     grader, st, seed=seed_from(cfg.seed, "talkmesh", c) % 2**31))
                 messages.extend({"condition": c, **m} for m in res.messages)
                 results.extend({"condition": c, **x} for x in res.results)
                 merged.messages += res.messages
@@ -272,7 +281,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
         revisions: list[dict[str, Any]] = []
         if tm.train_talk:
             for g in range(tm.talk_group):
-                revisions += mesh(talk, agents_train, train_p, f"train-{g}").revisions
+                revisions += cache.step(f"train-{g}", lambda: mesh(talk, agents_train, train_p, f"train-{g}").revisions)
         timing["mesh_base_s"] = time.perf_counter() - t0
     finally:
         _close(base)
@@ -291,12 +300,18 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                 raise ValueError("talkmesh: the training meshes made no model-written hint or revision (every agent "
                                  "was above talkmesh.threshold?); nothing to train the talk policy on")
             t0 = time.perf_counter()
-            result = train(cfg, model_dir, seqs, Path(tmp) / "adapter", log=log.info)
-            normalize_adapter_config(result.adapter_dir, base_model_id=model_id(model_dir))
-            train_steps = result.steps
+
+            def train_talk() -> list[dict[str, Any]]:
+                result = train(cfg, model_dir, seqs, Path(tmp) / "adapter", log=log.info)
+                normalize_adapter_config(result.adapter_dir, base_model_id=model_id(model_dir))
+                store.put_dir("talkmesh/talk_adapter", result.adapter_dir)
+                return result.steps
+
+            train_steps = cache.step("talk-train", train_talk)
+            adapter = Path(tmp) / "adapter"
+            if not adapter.is_dir():  # a resumed run: the adapter the earlier attempt trained and stored
+                store.fs.get(store._abs("talkmesh/talk_adapter"), str(adapter), recursive=True)
             timing["talk_train_s"] = time.perf_counter() - t0
-            store.put_dir("talkmesh/talk_adapter", result.adapter_dir)
-            adapter = result.adapter_dir
         trained = load(adapter) if adapter is not None else load(None)
         try:
             t0 = time.perf_counter()
@@ -313,8 +328,9 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                 poison = {p.problem_id: poison_answer(p, grader) for p in test_p}
                 for defended in (False, True):
                     cond = f"collusion-m{m}-{'defended' if defended else 'undefended'}"
-                    record(cond, mesh(ttalk, agents_test, test_p, cond, colluders=coll,
-                                      poison=lambda p: poison[p.problem_id], defended=defended),
+                    record(cond, cache.step(cond, lambda: mesh(ttalk, agents_test, test_p, cond, colluders=coll,
+                                                               poison=lambda p: poison[p.problem_id],
+                                                               defended=defended)),
                            colluders=m, defended=defended, talk=label)
                 vote_row(f"collusion-m{m}-majority",
                          [[(poison[p.problem_id] if i in coll else o.answer, 1.0) for i, o in enumerate(row)]
@@ -322,7 +338,8 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
             timing["mesh_eval_s"] = time.perf_counter() - t0
         finally:
             _close(trained)
-    timing["total_s"] = time.perf_counter() - t_start
+    timing["reused_s"] = cache.reused_s  # seconds of the steps an earlier, killed attempt made (resume.py)
+    timing["total_s"] = time.perf_counter() - t_start + cache.reused_s
     from tasks.talkmesh.baselines import contrast_pairs, paired_contrasts
     from tasks.talkmesh.report import plot_budget_png, plot_png, report_markdown
 
@@ -366,6 +383,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     store.write_text("talkmesh/report.md", report_markdown(cfg, curves, summary, calib, talk_rows, train_steps, timing,
                                                            contrasts, budget=budget, findings=found,
                                                            equal_budget=equal))
+    cache.clear()
     return refs
 
 
