@@ -88,3 +88,42 @@ def test_a_killed_run_resumes_where_it_stopped(tiny_model_dir, tmp_path):
     timing = store.manifest("talkmesh", "talkmesh_summary")["extra"]["timing"]
     assert timing["reused_s"] > 0.0 and timing["total_s"] >= timing["reused_s"]
     assert not store.exists("talkmesh/resume")  # removed once the tables are written
+
+
+def test_a_run_killed_after_talk_training_reuses_the_stored_adapter(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from tasks.records.stage import run_freeze
+    from tasks.talkmesh.run import run_talkmesh
+    from tests.talkmesh.test_run_e2e import ScriptedPolicy, _cfg
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = _cfg(tiny_model_dir, test_problems=2, colluders=[])
+    store = ArtifactStore(tmp_path)
+    frozen = run_freeze(store, cfg, {})
+    loads = []
+
+    def dies_loading_the_adapter(adapter):
+        loads.append(adapter)
+        if adapter is not None:
+            raise Killed("killed while loading the trained talk policy")
+        return ScriptedPolicy(tok)
+
+    with pytest.raises(Killed):
+        run_talkmesh(store, cfg, frozen, dies_loading_the_adapter)
+    kept = sorted(p.rsplit("/", 1)[-1] for p in store.fs.find(store._abs("talkmesh/resume")))
+    assert kept == ["mesh-base.json", "proposals.json", "talk-train.json", "train-0.json"]
+    pols = []
+
+    def load(adapter):
+        pols.append((adapter, ScriptedPolicy(tok)))
+        if adapter is not None:  # the adapter the killed attempt trained, fetched from the run folder
+            assert (adapter / "adapter_config.json").read_bytes() == \
+                store.read_bytes("talkmesh/talk_adapter/adapter_config.json")
+        return pols[-1][1]
+
+    refs = run_talkmesh(store, cfg, frozen, load)
+    assert pols[0][1].calls == [] and pols[1][0].name == "adapter" and pols[1][1].calls
+    steps = store.manifest("talkmesh", "talkmesh_talk_sequences")["extra"]["train_steps"]
+    assert steps and "talkmesh_talk_sequences" in refs
+    assert not store.exists("talkmesh/resume")
