@@ -1,10 +1,12 @@
 """Resuming a killed TalkMesh run: each finished step's result is kept under
 ``talkmesh/resume/<key>/<step>.json`` (``key``: the run's TalkMesh config hash and the frozen
-tasks' SHA-256), so running the same config into the same folder again reuses the steps that
+tasks' and harnesses' SHA-256), so running the same config into the same folder again reuses the steps that
 finished (the proposals, every mesh run, the talk training) instead of generating them anew. The
 folder is removed when the run's tables are written.
 
-A reused step is its recorded value, not a recomputation: the run's numbers are those of the
+The key does not cover the code: resuming after changing it (a prompt in talk.py, say) reuses
+steps the old code made; delete ``talkmesh/resume/`` to start over. A reused step is its recorded
+value, not a recomputation: the run's numbers are those of the
 attempts that made each step. The seconds a reused step took when it was made are added to the
 run's ``timing`` (``reused_s``), so ``total_s`` counts the whole computation once.
 """

@@ -160,8 +160,8 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     from tasks.hashing import sha256_text
     from tasks.talkmesh.resume import StepCache
 
-    cache = StepCache(store, sha256_text(cfg.section_hash("policy", "train", "talkmesh", "suites", "split") + "|" +
-                                         frozen["tasks"].sha256))
+    cache = StepCache(store, sha256_text("|".join([cfg.section_hash("policy", "train", "talkmesh", "suites", "split"),
+                                                   frozen["tasks"].sha256, frozen["harnesses"].sha256])))
     tasks = store.rows(frozen["tasks"])
     train_p = pick_problems(tasks, "train", tm.train_problems, bool(tm.distinct_problems))
     test_p = pick_problems(tasks, "test", tm.test_problems, bool(tm.distinct_problems))
