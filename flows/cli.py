@@ -331,7 +331,9 @@ def findings(
 ) -> None:
     """Verify a finished run and print its findings as JSON rows (paper, headline, estimate, interval,
     verdict, control, config hash, commit, signing key, wall time); --append adds them to a file and
-    copies the run's figures to docs/img/findings/ for the findings page.
+    copies the run's figures to docs/img/findings/ for the findings page. A `harnessrl talkmesh`
+    config (P3) has no sealed evaluation to verify: its pre-registered findings are printed as rows
+    marked sealed: false, with the accuracy-vs-outputs figure.
     Exit 1: the run does not verify; 2: no such run, or its plan names no findings."""
     import json
     import subprocess
