@@ -337,7 +337,9 @@ def findings(
 ) -> None:
     """Verify a finished run and print its findings as JSON rows (paper, headline, estimate, interval,
     verdict, control, config hash, commit, signing key, wall time); --append adds them to a file and
-    copies the run's figures to docs/img/findings/ for the findings page.
+    copies the run's figures to docs/img/findings/ for the findings page. A `harnessrl talkmesh`
+    config (P3) has no sealed evaluation to verify: its pre-registered findings are printed as rows
+    marked sealed: false, with the accuracy-vs-outputs figure.
     Exit 1: the run does not verify; 2: no such run, or its plan names no findings."""
     import json
     import subprocess
@@ -347,6 +349,9 @@ def findings(
     from tasks.evaluate.seal import SealError
     from tasks.evaluate.verify import NotARunError
 
+    if config is not None and _is_talkmesh_config(config):
+        _talkmesh_findings(config, run_dir, set_, quick, append)
+        return
     cfg = _config_or_exit(config, set_, None, quick=quick)
     rd = run_dir or Path(cfg.run_root) / f"{cfg.name}-{cfg.config_hash()[:10]}"
     if not rd.is_dir():
@@ -389,6 +394,72 @@ def findings(
             typer.echo(f"appended {len(arms)} arm row(s) to {arms_file}")
         for p in copy_figures(rd, Path("docs/img/findings"), label):
             typer.echo(f"figure for the findings page: {p}")
+
+
+def _is_talkmesh_config(config: Path) -> bool:
+    """Whether the YAML file has a top-level ``talkmesh`` section (a ``harnessrl talkmesh`` config)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(config.read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # the ordinary loader reports the file's problem
+    return isinstance(data, dict) and "talkmesh" in data
+
+
+def _talkmesh_findings(config: Path, run_dir: Optional[Path], set_: list[str], quick: bool,
+                       append: Optional[Path]) -> None:
+    """``harnessrl findings`` for a ``harnessrl talkmesh`` run: its pre-registered findings as rows
+    marked ``sealed: false`` (:func:`tasks.talkmesh.findings.published_rows`: the run has no signed
+    hash chain for ``harnessrl verify`` to check); with ``append``, the rows go to that file and the
+    accuracy-vs-outputs figure to docs/img/findings/. Exit 2: no such run, another config's run, or
+    no findings table."""
+    import json
+    import shutil
+    import subprocess
+
+    from flows.naming import run_label
+    from flows.status import STATE_DIR
+    from schemas import ArtifactStore
+    from tasks.config import ConfigError
+    from tasks.talkmesh.config import load_talkmesh_config
+    from tasks.talkmesh.findings import published_rows
+
+    try:
+        cfg = load_talkmesh_config(config, _parse_sets(set_), quick=quick)
+    except ConfigError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2)
+    rd = run_dir or Path(cfg.run_root) / run_label(cfg)
+    store = ArtifactStore(rd)
+    if not store.exists("talkmesh/talkmesh_findings.manifest.json"):
+        typer.secho(f"NOT A RUN: {rd}: no talkmesh/talkmesh_findings table (run it first: harnessrl talkmesh -c "
+                    f"{config}{' --quick' if quick else ''}; the config must set talkmesh.findings)", fg="red", err=True)
+        raise typer.Exit(2)
+    if store.manifest("talkmesh", "talkmesh_findings").get("config_hash") != \
+            cfg.section_hash("policy", "train", "talkmesh", "suites", "split"):
+        typer.secho(f"NOT THIS RUN: {rd}: its tables were made with another config than {config} (pass the same "
+                    "--set and --quick as the run)", fg="red", err=True)
+        raise typer.Exit(2)
+    freeze = store.read_json(f"{STATE_DIR}/freeze.json") if store.exists(f"{STATE_DIR}/freeze.json") else {}
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rows = published_rows(store, config=str(config) + (" --quick" if quick else ""), config_hash=cfg.config_hash(),
+                          commit=commit or "unknown", freeze_seconds=freeze.get("compute_seconds"))
+    lines = [json.dumps(r, sort_keys=True) for r in rows]
+    for line in lines:
+        typer.echo(line)
+    typer.secho("not sealed: harnessrl talkmesh writes no signed hash chain, so harnessrl verify cannot recompute "
+                "these rows (each says sealed: false)", fg="yellow", err=True)
+    if append is not None:
+        with append.open("a") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+        typer.echo(f"appended {len(lines)} row(s) to {append}")
+        src = rd / "talkmesh" / "accuracy_vs_outputs.png"
+        if src.is_file():
+            dst = Path("docs/img/findings") / f"{run_label(cfg)}--accuracy_vs_outputs.png"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            typer.echo(f"figure for the findings page: {dst}")
 
 
 @app.command()
@@ -528,14 +599,16 @@ def talkmesh(
     config: Path = typer.Option(..., "--config", "-c", help="a TalkMesh run config (e.g. configs/talkmesh-small.yaml)"),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="run folder (default RUN_ROOT/NAME-CONFIGHASH)"),
     set_: list[str] = typer.Option([], "--set", help="override a config key, e.g. --set talkmesh.agents=4"),
+    quick: bool = typer.Option(False, "--quick", help="apply the config's own `quick` section first (a smaller run)"),
 ) -> None:
     """P3 (TalkMesh): confidence head, talk-policy GRPO, the mesh against majority and
-    confidence-weighted vote, collusion; tables, talkmesh/report.md and a plot in the run folder."""
+    confidence-weighted vote, collusion; tables, talkmesh/report.md and a plot in the run folder.
+    A config with talkmesh.findings also gets the pre-registered findings (then: harnessrl findings)."""
     from tasks.config import ConfigError
     from tasks.talkmesh.config import load_talkmesh_config
 
     try:
-        cfg = load_talkmesh_config(config, _parse_sets(set_))
+        cfg = load_talkmesh_config(config, _parse_sets(set_), quick=quick)
     except ConfigError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2)

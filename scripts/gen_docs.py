@@ -285,7 +285,9 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
         "the number of held-out tasks, the random-reward control's estimate where the claim is a learning "
         "claim, and the verdict by the rule fixed before the run ([how verdicts are decided](experiments/"
         "findings-rules.md)). A row is written only from a run that `harnessrl verify` accepts, and "
-        "`harnessrl verify RUN --findings benchmarks/results/findings.jsonl` recomputes its numbers.",
+        "`harnessrl verify RUN --findings benchmarks/results/findings.jsonl` recomputes its numbers; a verdict "
+        "marked *not sealed* comes from an application run without a signed hash chain (P3's `harnessrl "
+        "talkmesh`), whose numbers no `harnessrl verify` can recompute.",
         "",
         "```bash",
         ".venv/bin/harnessrl run -c configs/p4-findings.yaml          # about the time in the wall column",
@@ -302,7 +304,7 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
         iv = "n/a" if r.get("ci_low") is None else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
         lines.append("| " + " | ".join(_cell(str(x)) for x in [
             r["paper"], r["headline"], r["measure"], "n/a" if r.get("estimate") is None else f"{r['estimate']:+.3f}",
-            iv, r["n"], "" if r.get("control") is None else f"{r['control']:+.3f}", f"**{r['verdict']}**",
+            iv, r["n"], "" if r.get("control") is None else f"{r['control']:+.3f}", f"**{r['verdict']}**" + (" (not sealed)" if r.get("sealed") is False else ""),
             f"`{r['config']}`", f"`{str(r['commit'])[:12]}`", "" if r.get("wall_s") is None else f"{r['wall_s']:.0f}",
         ]) + " |")
     af = results / "findings_arms.jsonl"

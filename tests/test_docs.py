@@ -139,6 +139,11 @@ def test_the_findings_page_shows_each_published_row_and_the_run_figures(tmp_path
     assert "| P4 | A \\| B | contrast | +0.123 | [-0.020, +0.250] | 120 | +0.010 | **inconclusive** |" in page
     assert "`0123456789ab` | 5400 |" in page
     assert "![pass_rate_heatmap of p4-findings-abababab](img/findings/p4-findings-abababab--pass_rate_heatmap.png)" in page
+    # a row from an application run without a signed chain (P3's harnessrl talkmesh) says so
+    (tmp_path / "findings.jsonl").write_text(json.dumps({**row, "paper": "P3", "sealed": False, "key_fingerprint": None})
+                                             + "\n")
+    assert "| **inconclusive** (not sealed) |" in findings_page(tmp_path, figs)
+    assert "(not sealed)" not in page
 
 
 def test_the_findings_page_shows_each_runs_arms_last_published(tmp_path):

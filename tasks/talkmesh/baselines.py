@@ -15,6 +15,66 @@ from typing import Any, Sequence
 from tasks.talkmesh.protocol import weighted_vote
 
 
+def _check_votes(answers: Sequence[Sequence[str | None]], confidences: Sequence[Sequence[float]],
+                 correct: Sequence[dict[str | None, bool]], k_max: int, resamples: int) -> int:
+    if not answers:
+        raise ValueError("vote_curves: no problems")
+    big_k = len(answers[0])
+    if any(len(a) != big_k for a in answers) or len(confidences) != len(answers) or \
+            any(len(c) != big_k for c in confidences) or len(correct) != len(answers):
+        raise ValueError("vote_curves: answers, confidences and correct must all be [P][K] with one K")
+    if not 1 <= k_max <= big_k:
+        raise ValueError(f"vote_curves: k_max={k_max} is outside [1, K={big_k}]")
+    if resamples < 1:
+        raise ValueError(f"vote_curves: resamples={resamples} must be >= 1")
+    return big_k
+
+
+def vote_matrix(answers: Sequence[Sequence[str | None]], confidences: Sequence[Sequence[float]],
+                correct: Sequence[dict[str | None, bool]], *, k_max: int, resamples: int = 1, seed: int = 0
+                ) -> dict[str, Any]:
+    """Per problem and k, the vote's accuracy averaged over the orderings (module docstring).
+
+    Arguments as :func:`vote_curves`. Returns ``{method: float64 ndarray [P, k_max]}`` for
+    ``method`` in (``majority``, ``confidence_weighted``): entry [p, k-1] is the fraction of the
+    ``resamples`` orderings whose first k samples of problem p vote for a correct answer. The
+    orderings are the ones :func:`vote_curves` uses (same seed rule), so its accuracy at k is
+    the column mean.
+
+    Raises:
+        ValueError: as :func:`vote_curves`.
+    """
+    hits, n_orders = _vote_hits(answers, confidences, correct, k_max, resamples, seed)
+    return {m: h / n_orders for m, h in hits.items()}
+
+
+def _vote_hits(answers: Sequence[Sequence[str | None]], confidences: Sequence[Sequence[float]],
+               correct: Sequence[dict[str | None, bool]], k_max: int, resamples: int, seed: int
+               ) -> tuple[dict[str, Any], int]:
+    """``({method: int64 [P, k_max] orderings voting right}, number of orderings)``."""
+    import numpy as np
+
+    big_k = _check_votes(answers, confidences, correct, k_max, resamples)
+    rng = random.Random(seed)
+    orders = [list(range(big_k))]
+    for _ in range(resamples - 1):
+        o = list(range(big_k))
+        rng.shuffle(o)
+        orders.append(o)
+    out = {}
+    for method in ("majority", "confidence_weighted"):
+        m = np.zeros((len(answers), k_max), dtype=np.int64)
+        for p in range(len(answers)):
+            for k in range(1, k_max + 1):
+                hits = 0
+                for o in orders:
+                    votes = [(answers[p][j], 1.0 if method == "majority" else confidences[p][j]) for j in o[:k]]
+                    hits += bool(correct[p].get(weighted_vote(votes), False))
+                m[p, k - 1] = hits
+        out[method] = m
+    return out, len(orders)
+
+
 def vote_curves(answers: Sequence[Sequence[str | None]], confidences: Sequence[Sequence[float]],
                 correct: Sequence[dict[str | None, bool]], *, k_max: int, resamples: int = 1,
                 seed: int = 0) -> list[dict[str, Any]]:
@@ -31,33 +91,13 @@ def vote_curves(answers: Sequence[Sequence[str | None]], confidences: Sequence[S
     Raises:
         ValueError: ragged or mismatched inputs, ``k_max`` outside [1, K], ``resamples`` < 1.
     """
-    if not answers:
-        raise ValueError("vote_curves: no problems")
-    big_k = len(answers[0])
-    if any(len(a) != big_k for a in answers) or len(confidences) != len(answers) or \
-            any(len(c) != big_k for c in confidences) or len(correct) != len(answers):
-        raise ValueError("vote_curves: answers, confidences and correct must all be [P][K] with one K")
-    if not 1 <= k_max <= big_k:
-        raise ValueError(f"vote_curves: k_max={k_max} is outside [1, K={big_k}]")
-    if resamples < 1:
-        raise ValueError(f"vote_curves: resamples={resamples} must be >= 1")
-    rng = random.Random(seed)
-    orders = [list(range(big_k))]
-    for _ in range(resamples - 1):
-        o = list(range(big_k))
-        rng.shuffle(o)
-        orders.append(o)
+    hits, n_orders = _vote_hits(answers, confidences, correct, k_max, resamples, seed)
     rows = []
     for method in ("majority", "confidence_weighted"):
         for k in range(1, k_max + 1):
-            hits = 0.0
-            for p in range(len(answers)):
-                for o in orders:
-                    idx = o[:k]
-                    votes = [(answers[p][j], 1.0 if method == "majority" else confidences[p][j]) for j in idx]
-                    hits += bool(correct[p].get(weighted_vote(votes), False))
             rows.append({"method": method, "k": k, "outputs_spent": float(k),
-                         "accuracy": hits / (len(answers) * len(orders)), "problems": len(answers)})
+                         "accuracy": int(hits[method][:, k - 1].sum()) / (len(answers) * n_orders),
+                         "problems": len(answers)})
     return rows
 
 

@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from tasks.config import RunConfig, load_config
 from tasks.harnesses.spec import SamplingSpec
@@ -25,6 +25,49 @@ class HeadConfig(BaseModel):
     batch_size: int = Field(default=16, ge=1)
 
 
+class MeshFinding(BaseModel):
+    """One pre-registered finding of a TalkMesh run (docs/experiments/findings-rules.md, P3): the
+    mesh of ``agents`` agents with the trained talk policy (the base one when ``train_talk`` is
+    off) against majority vote over ``k`` samples of the same test problems. The measure is the
+    mean over problems of (mesh accuracy - majority@k accuracy); ``claim`` and ``margin`` decide
+    the verdict by :func:`tasks.evaluate.findings.verdict`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")
+    headline: str = Field(min_length=1)
+    agents: int = Field(ge=2)
+    k: int = Field(ge=1)
+    claim: Literal["increase", "no_increase", "equivalent"] = "equivalent"
+    margin: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "MeshFinding":
+        if self.claim == "equivalent" and self.margin <= 0:
+            raise ValueError(f"talkmesh.findings.rules[{self.name!r}].margin={self.margin}: an 'equivalent' claim "
+                             "needs a margin > 0")
+        return self
+
+
+class MeshFindings(BaseModel):
+    """The run's pre-registered findings: ``rules`` (:class:`MeshFinding`), the family-wise
+    ``alpha`` (each interval at level ``1 - alpha / len(rules)``, Bonferroni), and the
+    ``bootstrap_resamples`` of the problem bootstrap."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+    bootstrap_resamples: int = Field(default=10_000, ge=100, le=1_000_000)
+    rules: list[MeshFinding] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "MeshFindings":
+        names = [r.name for r in self.rules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"talkmesh.findings.rules: names must be unique, got {names}")
+        return self
+
+
 class TalkMeshConfig(BaseModel):
     """The mesh, its training data and its evaluation.
 
@@ -39,6 +82,14 @@ class TalkMeshConfig(BaseModel):
     adapter (false: the mesh talks with the base model only). ``colluders``: the values of m for
     the collusion experiment (each < agents). ``resamples``: orderings averaged in the vote curves.
     ``bootstrap_resamples``: problem resamples of the paired contrasts' intervals.
+
+    Options added for the findings run (unset: left out of every dump, so older configs keep
+    their hashes): ``distinct_problems``: pick one task per normalised problem
+    (:func:`tasks.records.overlap.problem_key`), so that no two test problems are draws of the
+    same expression. ``mesh_sizes``: further mesh sizes evaluated with the trained talk policy
+    (conditions ``mesh-talk-n<N>``). ``mesh_repeats`` R: every evaluated mesh runs R times per
+    test problem, repeat r on samples ``[r*N, (r+1)*N)`` (R * N <= ``samples``), and its
+    per-problem accuracy is the mean over the repeats. ``findings``: :class:`MeshFindings`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -63,6 +114,23 @@ class TalkMeshConfig(BaseModel):
     talk_sampling: SamplingSpec = Field(default_factory=lambda: SamplingSpec(temperature=0.7, max_new_tokens=128))
     max_solution_chars: int = Field(default=600, ge=50)
     head: HeadConfig = Field(default_factory=HeadConfig)
+    distinct_problems: bool | None = None
+    mesh_sizes: list[int] | None = None
+    mesh_repeats: int | None = Field(default=None, ge=1)
+    findings: MeshFindings | None = None
+    _later: ClassVar[tuple[str, ...]] = ("distinct_problems", "mesh_sizes", "mesh_repeats", "findings")
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_later(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for k in self._later:
+            if out.get(k) is None:
+                out.pop(k, None)
+        return out
+
+    def sizes(self) -> list[int]:
+        """Every evaluated mesh size with the trained talk policy: ``agents``, then ``mesh_sizes``."""
+        return [self.agents] + list(self.mesh_sizes or [])
 
     @model_validator(mode="after")
     def _check(self) -> "TalkMeshConfig":
@@ -78,6 +146,23 @@ class TalkMeshConfig(BaseModel):
             from tasks.harnesses.topology import build_topology
 
             build_topology("regular", self.agents, self.degree, 0)  # raises on an impossible degree
+        sizes = self.sizes()
+        if self.mesh_sizes is not None and (len(set(sizes)) != len(sizes) or min(sizes) < 2):
+            raise ValueError(f"talkmesh.mesh_sizes={self.mesh_sizes}: each size must be >= 2 and differ from the "
+                             f"others and from talkmesh.agents={self.agents}")
+        if self.mesh_sizes is not None and self.topology == "regular":
+            raise ValueError("talkmesh.mesh_sizes: further mesh sizes are built for topology full or ring only, "
+                             "got regular")
+        reps = self.mesh_repeats or 1
+        if reps * max(sizes) > self.samples:
+            raise ValueError(f"talkmesh.mesh_repeats={reps}: {reps} repeats of the largest mesh ({max(sizes)} agents) "
+                             f"need {reps * max(sizes)} samples per test problem, talkmesh.samples={self.samples}")
+        for f in (self.findings.rules if self.findings else []):
+            if f.agents not in sizes:
+                raise ValueError(f"talkmesh.findings.rules[{f.name!r}].agents={f.agents} is not an evaluated mesh "
+                                 f"size {sizes}")
+            if f.k > self.samples:
+                raise ValueError(f"talkmesh.findings.rules[{f.name!r}].k={f.k} exceeds talkmesh.samples={self.samples}")
         return self
 
 
@@ -93,12 +178,13 @@ class TalkMeshRunConfig(RunConfig):
         return self
 
 
-def load_talkmesh_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TalkMeshRunConfig:
-    """Load and validate a TalkMesh run config from YAML (``overrides`` as in
-    :func:`tasks.config.load_config`).
+def load_talkmesh_config(path: str | Path, overrides: dict[str, Any] | None = None, *,
+                         quick: bool = False) -> TalkMeshRunConfig:
+    """Load and validate a TalkMesh run config from YAML (``overrides`` and ``quick``, the config's
+    own ``quick`` section applied first, as in :func:`tasks.config.load_config`).
 
     Raises:
         ConfigError: missing file, not YAML, not a mapping, or a validation failure (names the
             file, key path and value).
     """
-    return load_config(path, overrides, model=TalkMeshRunConfig)  # type: ignore[return-value]
+    return load_config(path, overrides, model=TalkMeshRunConfig, quick=quick)  # type: ignore[return-value]

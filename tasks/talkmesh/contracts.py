@@ -98,3 +98,31 @@ TALKMESH_HEAD = register_contract(Contract(
     "graded train proposals with a parsable answer (positives of them correct), the fit's l2 / L-BFGS steps / "
     "seed, and its ECE and Brier score on those proposals. Its SHA-256 is in the sealed evaluation plan.",
 ))
+
+TALKMESH_BUDGET = register_contract(Contract(
+    "talkmesh_budget", 1,
+    _s(("series", pa.string()), ("kind", pa.string()), ("agents", pa.int32()), ("k", pa.int32()),
+       ("outputs_spent", pa.float64()), ("accuracy", pa.float64()), ("ci_low", pa.float64()),
+       ("ci_high", pa.float64()), ("level", pa.float64()), ("problems", pa.int32())),
+    [("compound_unique", ("series", "k")), ("in_set", "kind", ["vote", "mesh"]), ("not_null", "series"),
+     ("between", "accuracy", 0.0, 1.0), ("between", "ci_low", 0.0, 1.0), ("between", "ci_high", 0.0, 1.0)],
+    "P3 accuracy against outputs spent on the test problems, with percentile problem-bootstrap intervals "
+    "(tasks.talkmesh.findings.budget_rows): kind vote: majority / confidence_weighted vote over the first k samples "
+    "(outputs_spent = k; agents null); kind mesh: a mesh condition without colluders (outputs_spent: mean per "
+    "problem run; its accuracy the mean over problems of the mean over its repeats; k null).",
+))
+
+TALKMESH_FINDINGS = register_contract(Contract(
+    "talkmesh_findings", 1,
+    _s(("name", pa.string()), ("paper", pa.string()), ("headline", pa.string()), ("measure", pa.string()),
+       ("claim", pa.string()), ("margin", pa.float64()), ("condition", pa.string()), ("agents", pa.int32()),
+       ("k", pa.int32()), ("mesh_accuracy", pa.float64()), ("majority_accuracy", pa.float64()),
+       ("estimate", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("level", pa.float64()),
+       ("n", pa.int32()), ("seed", pa.int64()), ("verdict", pa.string()), ("reason", pa.string())),
+    [("unique", "name"), ("not_null", "verdict"), ("in_set", "verdict", ["reproduced", "not reproduced",
+                                                                         "inconclusive"])],
+    "P3 pre-registered findings (talkmesh.findings, tasks.talkmesh.findings.finding_table): the mesh of `agents` "
+    "agents minus majority vote over k samples, per test problem, averaged; paired problem-bootstrap interval at "
+    "`level` (Bonferroni over the run's findings); verdict by the rule of docs/experiments/findings-rules.md. Not "
+    "sealed: written by harnessrl talkmesh, not by the evaluate stage.",
+))

@@ -41,10 +41,91 @@ def plot_png(curves: list[dict[str, Any]], summary: list[dict[str, Any]]) -> byt
     return buf.getvalue()
 
 
+def plot_budget_png(budget: list[dict[str, Any]]) -> bytes:
+    """PNG bytes: accuracy against outputs spent per problem with interval bands
+    (``talkmesh_budget`` rows, :func:`tasks.talkmesh.findings.budget_rows`): majority and
+    confidence-weighted vote as lines over k = 1..K with shaded intervals, each mesh condition as
+    a point with an error bar. Deterministic (no timestamp or software tag in the PNG).
+
+    Raises:
+        ValueError: no rows.
+    """
+    if not budget:
+        raise ValueError("plot_budget_png: no talkmesh_budget rows")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=100)
+    for method, style in (("majority", "-o"), ("confidence_weighted", "-s")):
+        pts = sorted((r["outputs_spent"], r["accuracy"], r["ci_low"], r["ci_high"]) for r in budget
+                     if r["kind"] == "vote" and r["series"] == method)
+        if not pts:
+            continue
+        x = [p[0] for p in pts]
+        line, = ax.plot(x, [p[1] for p in pts], style, markersize=3, label=method.replace("_", "-") + " vote @ k")
+        ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], color=line.get_color(), alpha=0.15, linewidth=0)
+    for r in (r for r in budget if r["kind"] == "mesh"):
+        ax.errorbar([r["outputs_spent"]], [r["accuracy"]],
+                    yerr=[[r["accuracy"] - r["ci_low"]], [r["ci_high"] - r["accuracy"]]], fmt="*", markersize=11,
+                    capsize=3, label=f"{r['series']} ({r['agents']} agents)")
+    level = budget[0]["level"]
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("outputs spent per problem")
+    ax.set_ylabel(f"accuracy (test problems; {level:.0%} bootstrap interval)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def budget_findings_markdown(budget: list[dict[str, Any]], findings: list[dict[str, Any]],
+                             equal_budget: list[dict[str, Any]] | None = None) -> list[str]:
+    """Report lines: the pre-registered findings (estimate, interval, verdict; not sealed), each
+    mesh against majority vote at its own budget
+    (:func:`tasks.talkmesh.findings.equal_budget_rows`, descriptive) and the accuracy-vs-outputs
+    table with intervals (``talkmesh_budget`` rows at k = 1, 2, 3, 4, 6, 8, 16, 32 and K, and every
+    mesh condition). Empty input: no lines."""
+    out: list[str] = []
+    if findings:
+        out += ["", "## Pre-registered findings (not sealed: written by `harnessrl talkmesh`, not the evaluate "
+                "stage)", "", "| finding | mesh | agents | k | mesh acc. | majority@k acc. | mesh - majority@k | "
+                "interval (level) | n | claim, margin | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += [f"| {f['name']} | {f['condition']} | {f['agents']} | {f['k']} | {_f(f['mesh_accuracy'])} | "
+                f"{_f(f['majority_accuracy'])} | {f['estimate']:+.3f} | [{f['ci_low']:+.3f}, {f['ci_high']:+.3f}] "
+                f"({f['level']:.4f}) | {f['n']} | {f['claim']}, {f['margin']:.2f} | **{f['verdict']}**: "
+                f"{f['reason']} |" for f in findings]
+    if equal_budget:
+        out += ["", "## Each mesh against majority vote at its own budget (descriptive; paired problem bootstrap)", "",
+                "| mesh | agents | outputs/problem | k | mesh acc. | majority@k acc. | mesh - majority@k | interval |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {e['condition']} | {e['agents']} | {e['outputs_spent']:.1f} | {e['k']} | {_f(e['mesh_accuracy'])} | "
+                f"{_f(e['majority_accuracy'])} | {e['difference']:+.3f} | [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}] "
+                f"({e['level']:.0%}) |" for e in equal_budget]
+    if budget:
+        kmax = max((r["k"] for r in budget if r["kind"] == "vote"), default=0)
+        ks = {k for k in (1, 2, 3, 4, 6, 8, 16, 32, kmax) if k <= kmax}
+        rows = [r for r in budget if r["kind"] == "mesh" or r["k"] in ks]
+        out += ["", f"## Accuracy against outputs spent ({budget[0]['level']:.0%} problem-bootstrap intervals)", "",
+                "| series | agents | k | outputs/problem | accuracy | interval |", "|---|---|---|---|---|---|"]
+        out += [f"| {r['series']} | {'' if r['agents'] is None else r['agents']} | {'' if r['k'] is None else r['k']} | "
+                f"{r['outputs_spent']:.1f} | {_f(r['accuracy'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] |"
+                for r in rows]
+    return out
+
+
 def report_markdown(cfg: TalkMeshRunConfig, curves: list[dict[str, Any]], summary: list[dict[str, Any]],
                     calib: list[dict[str, Any]], talk_rows: list[dict[str, Any]], train_steps: list[dict[str, Any]],
-                    timing: dict[str, float], contrasts: list[dict[str, Any]] | None = None) -> str:
-    """The report: the mesh and baselines table, the paired contrasts
+                    timing: dict[str, float], contrasts: list[dict[str, Any]] | None = None, *,
+                    budget: list[dict[str, Any]] | None = None, findings: list[dict[str, Any]] | None = None,
+                    equal_budget: list[dict[str, Any]] | None = None) -> str:
+    """The report: the pre-registered findings and the accuracy-vs-outputs table with intervals
+    (:func:`budget_findings_markdown`, when the run has them), the mesh and baselines table, the paired contrasts
     (:func:`tasks.talkmesh.baselines.paired_contrasts` rows), the vote curve at a few k, the
     head's calibration, the talk training batch and steps, and the wall-clock timing."""
     tm = cfg.talkmesh
@@ -53,7 +134,8 @@ def report_markdown(cfg: TalkMeshRunConfig, curves: list[dict[str, Any]], summar
            f"Policy `{cfg.policy.model}` (engine {cfg.policy.engine}), harness `{tm.harness}`; {tm.agents} agents, "
            f"topology {tm.topology}" + (f" (degree {tm.degree})" if tm.topology == "regular" else "") +
            f", {tm.rounds} talk round(s), revise below confidence {tm.threshold}; {tm.train_problems} training and "
-           f"{tm.test_problems} test problems; K = {tm.samples} samples per test problem.", "",
+           f"{tm.test_problems} test problems; K = {tm.samples} samples per test problem.",
+           *budget_findings_markdown(budget or [], findings or [], equal_budget), "",
            "## Mesh and baselines (test problems)", "",
            "| condition | talk | colluders | defended | accuracy | outputs/problem | consensus | revisions | kept | "
            "hints ignored |", "|---|---|---|---|---|---|---|---|---|---|"]

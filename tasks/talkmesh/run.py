@@ -21,6 +21,9 @@ the mesh against majority and confidence-weighted vote, the collusion experiment
    (:func:`tasks.talkmesh.baselines.paired_contrasts`).
 5. Tables under ``talkmesh/`` (Parquet, contracts in :mod:`tasks.talkmesh.contracts`), the talk
    adapter, ``report.md`` and ``accuracy_vs_outputs.png``.
+
+Resumable (:mod:`tasks.talkmesh.resume`): the proposals, every mesh run and the talk training are
+kept as they finish, so the same config run again into the same folder after a kill reuses them.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import logging
 import random
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,15 +46,28 @@ from tasks.talkmesh.protocol import MeshResult, MeshSettings, Output, Problem, r
 log = logging.getLogger("harnessrl.talkmesh")
 
 
-def pick_problems(tasks: list[dict[str, Any]], split: str, n: int) -> list[Problem]:
-    """The first ``n`` tasks of ``split`` by task hash, as problems.
+def pick_problems(tasks: list[dict[str, Any]], split: str, n: int, distinct: bool = False) -> list[Problem]:
+    """The first ``n`` tasks of ``split`` by task hash, as problems. ``distinct``: skip a task whose
+    normalised problem (:func:`tasks.records.overlap.problem_key`) an earlier task of the split
+    already has, so no two problems are draws of one expression.
 
     Raises:
-        ValueError: the split has fewer than ``n`` tasks.
+        ValueError: the split has fewer than ``n`` (distinct) tasks.
     """
+    from tasks.records.overlap import problem_key
+
     rows = sorted((t for t in tasks if t["split"] == split), key=lambda t: t["task_hash"])
+    if distinct:
+        seen: set[str] = set()
+        kept = []
+        for t in rows:
+            if problem_key(t) not in seen:
+                seen.add(problem_key(t))
+                kept.append(t)
+        rows = kept
     if len(rows) < n:
-        raise ValueError(f"talkmesh: {n} {split} problems wanted but the frozen {split} split has {len(rows)}")
+        what = "distinct problems" if distinct else "tasks"
+        raise ValueError(f"talkmesh: {n} {split} problems wanted but the frozen {split} split has {len(rows)} {what}")
     return [Problem(t["task_id"], t["instruction"], t["verifier_kind"], t["verifier_spec"]) for t in rows[:n]]
 
 
@@ -140,9 +157,14 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
 
     tm = cfg.talkmesh
     t_start = time.perf_counter()
+    from tasks.hashing import sha256_text
+    from tasks.talkmesh.resume import StepCache
+
+    cache = StepCache(store, sha256_text("|".join([cfg.section_hash("policy", "train", "talkmesh", "suites", "split"),
+                                                   frozen["tasks"].sha256, frozen["harnesses"].sha256])))
     tasks = store.rows(frozen["tasks"])
-    train_p = pick_problems(tasks, "train", tm.train_problems)
-    test_p = pick_problems(tasks, "test", tm.test_problems)
+    train_p = pick_problems(tasks, "train", tm.train_problems, bool(tm.distinct_problems))
+    test_p = pick_problems(tasks, "test", tm.test_problems, bool(tm.distinct_problems))
     spec = next((s for s in harness_specs(store, frozen["harnesses"]).values() if s.name == tm.harness), None)
     if spec is None:
         raise ValueError(f"talkmesh: harness {tm.harness!r} is not among the frozen harnesses")
@@ -160,8 +182,9 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     try:
         talk = LMTalk(base, spec, tm.proposal_sampling, tm.talk_sampling, tm.max_solution_chars)
         t0 = time.perf_counter()
-        train_props = talk.propose(train_p, tm.train_samples, seed_from(cfg.seed, "talkmesh", "train") % 2**31)
-        test_props = talk.propose(test_p, tm.samples, seed_from(cfg.seed, "talkmesh", "test") % 2**31)
+        train_props, test_props = cache.step("proposals", lambda: (
+            talk.propose(train_p, tm.train_samples, seed_from(cfg.seed, "talkmesh", "train") % 2**31),
+            talk.propose(test_p, tm.samples, seed_from(cfg.seed, "talkmesh", "test") % 2**31)))
         timing["proposals_s"] = time.perf_counter() - t0
         log.info("talkmesh: %d + %d proposals in %.1f s", len(train_p) * tm.train_samples, len(test_p) * tm.samples,
                  timing["proposals_s"])
@@ -227,12 +250,38 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
             return run_mesh(probs, props, score, tk, grader, settings, seed=seed_from(cfg.seed, "talkmesh", cond) % 2**31,
                             **kw)
 
+        reps = tm.mesh_repeats or 1
+        mesh_points: dict[str, dict[str, Any]] = {}  # condition -> agents, per-problem accuracy, outputs spent
+
+        def evaluate_mesh(tk: Any, cond: str, n: int, label: str) -> None:
+            """The n-agent mesh on the test problems, ``reps`` times (repeat r on samples [r*n, (r+1)*n),
+            its rows under ``cond`` for r = 0 and ``cond-r<r>`` after); the summary row and the
+            per-problem accuracy are over every repeat."""
+            st = replace(settings, agents=n)
+            merged = MeshResult()
+            acc = [0.0] * len(test_p)
+            for r in range(reps):
+                c = cond if r == 0 else f"{cond}-r{r}"
+                res = cache.step(c, lambda: run_mesh(test_p, [row[r * n:(r + 1) * n] for row in test_props], score, tk,
+                                                     grader, st, seed=seed_from(cfg.seed, "talkmesh", c) % 2**31))
+                messages.extend({"condition": c, **m} for m in res.messages)
+                results.extend({"condition": c, **x} for x in res.results)
+                merged.messages += res.messages
+                merged.results += res.results
+                got = {x["problem_id"]: bool(x["correct"]) for x in res.results}
+                acc = [a + got[p.problem_id] / reps for a, p in zip(acc, test_p)]
+            summary.append(summary_row(cond, merged, agents=n, colluders=0, defended=False, talk=label))
+            per_problem[cond] = [bool(a) for a in acc] if reps == 1 else acc
+            mesh_points[cond] = {"agents": n, "per_problem": acc, "outputs_spent": summary[-1]["outputs_spent"]}
+            log.info("talkmesh: %s (%d agents, %d repeat(s)): accuracy %.3f, %.1f outputs/problem", cond, n, reps,
+                     summary[-1]["accuracy"], summary[-1]["outputs_spent"])
+
         t0 = time.perf_counter()
-        record("mesh-base", mesh(talk, agents_test, test_p, "mesh-base"), colluders=0, defended=False, talk="base")
+        evaluate_mesh(talk, "mesh-base", tm.agents, "base")
         revisions: list[dict[str, Any]] = []
         if tm.train_talk:
             for g in range(tm.talk_group):
-                revisions += mesh(talk, agents_train, train_p, f"train-{g}").revisions
+                revisions += cache.step(f"train-{g}", lambda: mesh(talk, agents_train, train_p, f"train-{g}").revisions)
         timing["mesh_base_s"] = time.perf_counter() - t0
     finally:
         close_policy(base)
@@ -251,27 +300,37 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                 raise ValueError("talkmesh: the training meshes made no model-written hint or revision (every agent "
                                  "was above talkmesh.threshold?); nothing to train the talk policy on")
             t0 = time.perf_counter()
-            result = train(cfg, model_dir, seqs, Path(tmp) / "adapter", log=log.info)
-            normalize_adapter_config(result.adapter_dir, base_model_id=model_id(model_dir))
-            train_steps = result.steps
+
+            def train_talk() -> list[dict[str, Any]]:
+                result = train(cfg, model_dir, seqs, Path(tmp) / "adapter", log=log.info)
+                normalize_adapter_config(result.adapter_dir, base_model_id=model_id(model_dir))
+                store.put_dir("talkmesh/talk_adapter", result.adapter_dir)
+                return result.steps
+
+            train_steps = cache.step("talk-train", train_talk)
+            adapter = Path(tmp) / "adapter"
+            if not adapter.is_dir():  # a resumed run: the adapter the earlier attempt trained and stored
+                store.fs.get(store._abs("talkmesh/talk_adapter"), str(adapter), recursive=True)
             timing["talk_train_s"] = time.perf_counter() - t0
-            store.put_dir("talkmesh/talk_adapter", result.adapter_dir)
-            adapter = result.adapter_dir
         trained = load(adapter) if adapter is not None else load(None)
         try:
             t0 = time.perf_counter()
             ttalk = LMTalk(trained, spec, tm.proposal_sampling, tm.talk_sampling, tm.max_solution_chars)
             label = "trained" if adapter is not None else "base"
             if adapter is not None:
-                record("mesh-talk", mesh(ttalk, agents_test, test_p, "mesh-talk"), colluders=0, defended=False,
-                       talk=label)
+                evaluate_mesh(ttalk, "mesh-talk", tm.agents, label)
+            size_cond = {tm.agents: "mesh-talk" if adapter is not None else "mesh-base"}
+            for n in tm.mesh_sizes or []:
+                size_cond[n] = f"mesh-{'talk' if adapter is not None else 'base'}-n{n}"
+                evaluate_mesh(ttalk, size_cond[n], n, label)
             for m in tm.colluders:
                 coll = frozenset(random.Random(seed_from(cfg.seed, "colluders", m)).sample(range(tm.agents), m))
                 poison = {p.problem_id: poison_answer(p, grader) for p in test_p}
                 for defended in (False, True):
                     cond = f"collusion-m{m}-{'defended' if defended else 'undefended'}"
-                    record(cond, mesh(ttalk, agents_test, test_p, cond, colluders=coll,
-                                      poison=lambda p: poison[p.problem_id], defended=defended),
+                    record(cond, cache.step(cond, lambda: mesh(ttalk, agents_test, test_p, cond, colluders=coll,
+                                                               poison=lambda p: poison[p.problem_id],
+                                                               defended=defended)),
                            colluders=m, defended=defended, talk=label)
                 vote_row(f"collusion-m{m}-majority",
                          [[(poison[p.problem_id] if i in coll else o.answer, 1.0) for i, o in enumerate(row)]
@@ -279,12 +338,31 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
             timing["mesh_eval_s"] = time.perf_counter() - t0
         finally:
             close_policy(trained)
-    timing["total_s"] = time.perf_counter() - t_start
+    timing["reused_s"] = cache.reused_s  # seconds of the steps an earlier, killed attempt made (resume.py)
+    timing["total_s"] = time.perf_counter() - t_start + cache.reused_s
     from tasks.talkmesh.baselines import contrast_pairs, paired_contrasts
-    from tasks.talkmesh.report import plot_png, report_markdown
+    from tasks.talkmesh.report import plot_budget_png, plot_png, report_markdown
 
     contrasts = paired_contrasts(per_problem, contrast_pairs(tm.colluders), resamples=tm.bootstrap_resamples,
                                  seed=seed_from(cfg.seed, "talkmesh", "bootstrap") % 2**31)
+    budget: list[dict[str, Any]] = []
+    equal: list[dict[str, Any]] = []
+    found: list[dict[str, Any]] = []
+    if tm.mesh_sizes is not None or tm.findings is not None:
+        from tasks.talkmesh.baselines import vote_matrix
+        from tasks.talkmesh.findings import budget_rows, equal_budget_rows, finding_table
+
+        votes = vote_matrix(answers, confs, oks, k_max=tm.samples, resamples=tm.resamples,
+                            seed=seed_from(cfg.seed, "resamples") % 2**31)  # the curves' orderings
+        budget = budget_rows(votes, mesh_points, resamples=tm.bootstrap_resamples,
+                             seed=seed_from(cfg.seed, "talkmesh", "budget") % 2**31)
+        equal = equal_budget_rows(mesh_points, votes["majority"], resamples=tm.bootstrap_resamples,
+                                  seed=seed_from(cfg.seed, "talkmesh", "equal-budget") % 2**31)
+        if tm.findings is not None:
+            found = finding_table(tm.findings.rules, {n: (c, mesh_points[c]["per_problem"]) for n, c in size_cond.items()},
+                                  votes["majority"], alpha=tm.findings.alpha,
+                                  resamples=tm.findings.bootstrap_resamples,
+                                  seed=seed_from(cfg.seed, "talkmesh", "findings") % 2**31)
 
     ins = [frozen["tasks"], frozen["harnesses"]]
     ch = cfg.section_hash("policy", "train", "talkmesh", "suites", "split")
@@ -297,9 +375,15 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
     if tm.train_talk:
         refs["talkmesh_talk_sequences"] = w("talkmesh_talk_sequences", talk_rows,
                                             extra={"train_steps": train_steps})
-    store.write_bytes("talkmesh/accuracy_vs_outputs.png", plot_png(curves, summary))
+    if budget:
+        refs["talkmesh_budget"] = w("talkmesh_budget", budget, extra={"equal_budget": equal})
+    if tm.findings is not None:
+        refs["talkmesh_findings"] = w("talkmesh_findings", found)
+    store.write_bytes("talkmesh/accuracy_vs_outputs.png", plot_budget_png(budget) if budget else plot_png(curves, summary))
     store.write_text("talkmesh/report.md", report_markdown(cfg, curves, summary, calib, talk_rows, train_steps, timing,
-                                                           contrasts))
+                                                           contrasts, budget=budget, findings=found,
+                                                           equal_budget=equal))
+    cache.clear()
     return refs
 
 
