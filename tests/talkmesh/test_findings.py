@@ -256,7 +256,7 @@ def test_tiny_findings_run(tiny_findings):
     assert g["majority_accuracy"] == curves[("majority", 1)] == 1.0 and g["condition"] == "mesh-base-n2"
     assert (g["estimate"], g["verdict"]) == (0.0, "inconclusive")  # 1.0 - 1.0: no increase shown
 
-    rows = published_rows(store, config="configs/x.yaml", config_hash=cfg.config_hash(), commit="abc",
+    rows = published_rows(store, config="x.yaml", config_hash=cfg.config_hash(), commit="abc",
                           freeze_seconds=2.0)
     timing = store.manifest("talkmesh", "talkmesh_summary")["extra"]["timing"]
     assert [r["name"] for r in rows] == ["mesh4-vs-maj8", "mesh2-vs-maj1"]
