@@ -173,6 +173,34 @@ def side_ours(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: 
     return clock.result(snapshots)
 
 
+def completion_cut(ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:
+    """Whether a TRL completion (its token ids, cut after the first end-of-sequence token as TRL
+    hands them to reward functions) was cut at the token limit: ``max_new_tokens`` long with no
+    end-of-sequence token at its end, as our engines' ``finish_reason: length``."""
+    return len(ids) >= max_new_tokens and (not ids or ids[-1] not in eos_ids)
+
+
+def reply_reward(spec: Any, task: dict[str, Any], text: str, cut: bool, truncated_reward: str) -> float:
+    """The reward our side trains on for a single-reply (``direct``) completion ``text``: the
+    harness's grade (tasks/rollout/harness.py: the parsed answer, else the fallback, by the task's
+    verifier), then the truncation rule of :func:`tasks.train.sequences.build_sequences` (``zero``:
+    a ``cut`` completion scores 0; ``graded``: it keeps its grade). TRL's reward function calls it.
+
+    Raises:
+        ValueError: ``truncated_reward`` is not ``zero`` or ``graded``.
+    """
+    from tasks.harnesses.actions import fallback_answer, parse_reply
+    from tasks.records.verifiers import grade
+
+    if truncated_reward not in ("zero", "graded"):
+        raise ValueError(f"truncated_reward={truncated_reward!r} is not one of 'zero', 'graded'")
+    if cut and truncated_reward == "zero":
+        return 0.0
+    parsed = parse_reply(spec, text).answer
+    answer = parsed if parsed is not None else fallback_answer(spec, text)
+    return float(grade(task["verifier_kind"], task["verifier_spec"], answer, None))
+
+
 def side_trl(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: int) -> dict[str, Any]:
     """TRL's GRPOTrainer on the same data, reward, truncation rule and hyper-parameters (runs in
     .venv-bench), from launch until its first optimizer step end past the budget."""
@@ -182,9 +210,7 @@ def side_trl(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: i
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tasks.harnesses.actions import fallback_answer, parse_reply
     from tasks.harnesses.spec import render
-    from tasks.records.verifiers import grade
     from tasks.rollout.models import resolve_model
 
     cfg, tasks, specs, train, _test = _setup(config, overrides)
@@ -203,18 +229,9 @@ def side_trl(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: i
     eos: dict[str, set[int]] = {}
 
     def reward(prompts: list, completions: list, task_id: list, completion_ids: list, **kw: Any) -> list[float]:
-        """As our harness scores a ``direct`` reply (tasks/rollout/harness.py): the parsed answer,
-        else the fallback; cut completions (no EOS within ``max_new``) per ``truncated_reward``."""
-        out = []
-        for c, t, ids in zip(completions, task_id, completion_ids):
-            text = c[0]["content"] if isinstance(c, list) else c
-            cut = len(ids) >= max_new and (not ids or ids[-1] not in eos["ids"])
-            if cut and tc.truncated_reward == "zero":
-                out.append(0.0)
-                continue
-            parsed = parse_reply(spec, text).answer
-            answer = parsed if parsed is not None else fallback_answer(spec, text)
-            out.append(grade(tasks[t]["verifier_kind"], tasks[t]["verifier_spec"], answer, None))
+        out = [reply_reward(spec, tasks[t], c[0]["content"] if isinstance(c, list) else c,
+                            completion_cut(ids, max_new, eos["ids"]), tc.truncated_reward)
+               for c, t, ids in zip(completions, task_id, completion_ids)]
         clock.samples += len(out)
         return out
 
