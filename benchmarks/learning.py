@@ -463,7 +463,7 @@ def main() -> None:
         from _results import tiny_model
 
         tmp_ctx = tempfile.TemporaryDirectory()
-        overrides.update({"policy.model": str(tiny_model(Path(tmp_ctx.name) / "tiny")), "policy.engine": "hf",
+        overrides.update({"policy.model": str(tiny_model(Path(a.work or tmp_ctx.name) / "tiny")), "policy.engine": "hf",
                           "suites.0.size": 12, "train.prompts_per_step": 2, "rollout.samples_per_task": 2})
         a.seeds, a.budget_s, a.snapshots, a.attempts, a.skip_same_sampler = [0], 20.0, 2, 1, True
     truncation = a.truncated_reward or load_config(a.config, overrides).train.truncated_reward
@@ -478,7 +478,7 @@ def main() -> None:
     settings = {"config": Path(a.config).read_text(), "overrides": overrides, "budget_s": a.budget_s,
                 "snapshots": a.snapshots, "attempts": a.attempts}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    work = Path(tmp_ctx.name) / "work" if tmp_ctx else Path(a.work or REPO / "runs" / "learning-bench" / key)
+    work = Path(a.work) if a.work else Path(tmp_ctx.name) / "work" if tmp_ctx else REPO / "runs" / "learning-bench" / key
     work.mkdir(parents=True, exist_ok=True)
     if (work / "settings.json").exists():
         old = json.loads((work / "settings.json").read_text())
@@ -512,10 +512,8 @@ def main() -> None:
         return json.loads(res.stdout.strip().splitlines()[-1])
 
     base_file = work / "base" / "eval.json"
-    if not base_file.exists():
-        _write_json(base_file, child(Path(sys.executable), "evaluate", {"adapters": json.dumps([None])}, {}))
-    base_eval = json.loads(base_file.read_text())
-    evals: dict[str, list[float]] = dict(base_eval["pass_at_1"])
+    evals: dict[str, list[float]] = {}
+    task_ids: list[str] | None = None
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for arm, seed in order:
         side, engine = ARMS[arm]
@@ -528,16 +526,25 @@ def main() -> None:
             res = child(BENCH_PY if side == "trl" else Path(sys.executable), side, {"out": rd}, arm_over)
             _write_json(rd / "train.json", res)
         res = json.loads((rd / "train.json").read_text())
-        if not (rd / "eval.json").exists():
-            adapters = sorted({s["adapter"] for s in res["snapshots"] if s["adapter"]})
-            print(f"learning: evaluating {arm} seed {seed} ({len(adapters)} adapters)", flush=True)
-            ev = child(Path(sys.executable), "evaluate", {"adapters": json.dumps(adapters)}, {}) if adapters else \
-                {"task_ids": base_eval["task_ids"], "pass_at_1": {}}
-            if ev["task_ids"] != base_eval["task_ids"]:
-                raise RuntimeError(f"learning: {arm} seed {seed} was evaluated on other held-out tasks than the base")
-            _write_json(rd / "eval.json", ev)
-        evals.update(json.loads((rd / "eval.json").read_text())["pass_at_1"])
+        if not (rd / "eval.json").exists() or not base_file.exists():
+            # the base model is evaluated once, in the first evaluation's process
+            adapters = [None] if not base_file.exists() else []
+            if not (rd / "eval.json").exists():
+                adapters += sorted({s["adapter"] for s in res["snapshots"] if s["adapter"]})
+            print(f"learning: evaluating {arm} seed {seed} ({len(adapters)} adapters, None: the base model)", flush=True)
+            ev = child(Path(sys.executable), "evaluate", {"adapters": json.dumps(adapters)}, {})
+            if None in adapters:
+                _write_json(base_file, {"task_ids": ev["task_ids"], "pass_at_1": {"base": ev["pass_at_1"].pop("base")}})
+            if not (rd / "eval.json").exists():
+                _write_json(rd / "eval.json", ev)
+        for f in (base_file, rd / "eval.json"):
+            ev = json.loads(f.read_text())
+            if task_ids is not None and ev["task_ids"] != task_ids:
+                raise RuntimeError(f"learning: {f} was evaluated on other held-out tasks than {base_file}")
+            task_ids = ev["task_ids"]
+            evals.update(ev["pass_at_1"])
         runs[arm].append({"seed": seed, "result": res})
+    assert task_ids is not None  # order has at least one run
 
     figures = summarize(runs, evals, a.budget_s, a.target, a.resamples)
     print(f"\n{'arm':<8} {'seed':>4} {'iters':>5} {'samples/s':>9}  pass@1 at marks (s)")
@@ -549,7 +556,7 @@ def main() -> None:
         "compared": COMPARED, "config": Path(a.config).name, "split": "disjoint", "smoke": a.smoke,
         "seeds": a.seeds, "order": [f"{x}:{s}" for x, s in order], "budget_s": a.budget_s,
         "clock": "from each side's process launch (imports, model and engine load inside) to each iteration end",
-        "snapshots": a.snapshots, "attempts": a.attempts, "held_out_tasks": len(base_eval["task_ids"]),
+        "snapshots": a.snapshots, "attempts": a.attempts, "held_out_tasks": len(task_ids),
         "truncated_reward": truncation, "target_pass_at_1": a.target,
         "target_source": "--target" if a.target != TARGET else "the script's TARGET, fixed before the run",
         "base_pass_at_1": round(sum(evals["base"]) / len(evals["base"]), 4),
