@@ -1,4 +1,13 @@
-"""Does it learn, and how fast against TRL? vLLM-sampled online GRPO (ours) vs TRL's GRPOTrainer with transformers sampling, on the CPU, each given the same wall-clock budget from its process launch (model and engine loading inside the clock), several seeds per side, run alternately; plus a same-sampler arm (ours with ``policy.engine: hf``, transformers sampling like TRL) that separates the sampling engine's share of the speed-up from the trainer's. Headline: held-out pass@1 at the budget (bootstrap intervals over seeds and tasks) and time to a pass@1 target fixed before the run (``--target``), interpolated between saved snapshots, with an interval over seeds. Rows from before this protocol (no ``seeds`` field) timed our side from after its engine had started, scored cut completions differently on the two sides and took the target from TRL's final point: their ``speedup`` is withdrawn (issue 38).
+"""Does it learn, and how fast against TRL? vLLM-sampled online GRPO (ours) vs TRL's GRPOTrainer with
+transformers sampling, on the CPU, each given the same wall-clock budget from its process launch
+(model and engine loading inside the clock), several seeds per side, run alternately; plus a
+same-sampler arm (ours with ``policy.engine: hf``, transformers sampling like TRL) that separates
+the sampling engine's share of the speed-up from the trainer's. Headline: held-out pass@1 at the
+budget (bootstrap intervals over seeds and tasks) and time to a pass@1 target fixed before the run
+(``--target``), interpolated between saved snapshots, with an interval over seeds. Rows from before
+this protocol (no ``seeds`` field) timed our side from after its engine had started, scored cut
+completions differently on the two sides and took the target from TRL's final point: their
+``speedup`` is withdrawn (issue 38).
 
 What is the same on both sides (``configs/learn-arith.yaml`` with ``split.disjoint: true``: no
 held-out task shares its problem with a train task): the model, the train tasks, the prompt (the
@@ -41,7 +50,8 @@ The target, 0.35 held-out pass@1, is fixed here before any run: between the base
 learn-arith's held-out tasks (about 0.18) and what 600 s of our side reached before (about 0.5),
 so that both sides can plausibly reach it within the budget and neither side's curve chooses it.
 The goal for our side is a speed-up of at least 2 with the interval's lower end above 1; the row's
-``goal`` says whether this run meets it.
+``goal`` says whether this run meets it and, where it does not, by how much; the same-sampler block
+says how much of the speed-up the engine gives and how much the trainer.
 
 TRL runs in ``.venv-bench`` (built by ``scripts/setup-bench.sh``); this script runs our side and the
 evaluation with ``.venv``'s interpreter. Each run's training and evaluation are written under
@@ -83,6 +93,9 @@ SAME_SAMPLER = "online GRPO with policy.engine: hf vs TRL GRPOTrainer, both samp
 #: the arms: name -> (which side's code, the policy.engine override or None for the config's)
 ARMS = {"ours": ("ours", None), "trl": ("trl", None), "ours_hf": ("ours", "hf")}
 GOAL = {"speedup_at_least": 2.0, "ci_low_above": 1.0}
+#: held-out samples per second the evaluator is assumed to reach, for the planned wall time only
+#: (SmolLM2-135M through vLLM on 2 CPUs sampled 128 x 64 tokens in about 25 s: online_iteration.jsonl)
+EVAL_SAMPLES_PER_S = 5.0
 
 
 def _setup(config: str, overrides: dict[str, Any]) -> tuple[Any, dict, dict, list, list]:
@@ -222,7 +235,8 @@ def side_trl(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: i
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     rows = [{"prompt": [{"role": "system", "content": spec.render_system()},
-                        {"role": "user", "content": render(spec.instance_template, instruction=tasks[r["task_id"]]["instruction"],
+                        {"role": "user", "content": render(spec.instance_template,
+                                                           instruction=tasks[r["task_id"]]["instruction"],
                                                            files="", file_list="(empty)", page="")}],
              "task_id": r["task_id"]} for r in train]
     ds = Dataset.from_list(rows * 200)  # more than the budget can use; shuffled by TRL's seeded sampler
@@ -424,12 +438,14 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=600.0, help="wall-clock seconds per run, from process launch")
     ap.add_argument("--snapshots", type=int, default=8, help="adapters kept per run, at even wall-clock marks")
     ap.add_argument("--attempts", type=int, default=4, help="samples per held-out task in the evaluation")
-    ap.add_argument("--target", type=float, default=TARGET, help="held-out pass@1 for time-to-target (fixed before the run)")
+    ap.add_argument("--target", type=float, default=TARGET,
+                    help="held-out pass@1 for time-to-target (fixed before the run)")
     ap.add_argument("--truncated-reward", choices=["zero", "graded"],
                     help="how a completion cut at the token limit is scored, on both sides (default: the config's)")
     ap.add_argument("--skip-same-sampler", action="store_true", help="no ours-with-hf arm")
     ap.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
-    ap.add_argument("--work", help="folder for each run's results (resumed when present); default runs/learning-bench/<settings hash>")
+    ap.add_argument("--work", help="folder for each run's results (resumed when present); "
+                                   "default runs/learning-bench/<settings hash>")
     ap.add_argument("--side", choices=["ours", "trl", "evaluate"], help=argparse.SUPPRESS)
     ap.add_argument("--t0", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -454,7 +470,7 @@ def main() -> None:
     if not 0.0 < a.target <= 1.0:
         raise SystemExit(f"--target={a.target}: a pass@1 level in (0, 1]")
 
-    from _results import report
+    from _results import commit, report
     from tasks.config import load_config
 
     tmp_ctx: tempfile.TemporaryDirectory | None = None
@@ -470,7 +486,8 @@ def main() -> None:
     overrides["train.truncated_reward"] = truncation
     arms = ["ours"]
     if a.smoke or not BENCH_PY.exists():
-        print(f"learning: TRL side skipped ({'smoke mode' if a.smoke else f'{BENCH_PY} missing: see scripts/setup-bench.sh'})")
+        why = "smoke mode" if a.smoke else f"{BENCH_PY} missing: see scripts/setup-bench.sh"
+        print(f"learning: TRL side skipped ({why})")
     else:
         arms.append("trl")
     if not a.skip_same_sampler:
@@ -478,7 +495,8 @@ def main() -> None:
     settings = {"config": Path(a.config).read_text(), "overrides": overrides, "budget_s": a.budget_s,
                 "snapshots": a.snapshots, "attempts": a.attempts}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    work = Path(a.work) if a.work else Path(tmp_ctx.name) / "work" if tmp_ctx else REPO / "runs" / "learning-bench" / key
+    work = (Path(a.work) if a.work else Path(tmp_ctx.name) / "work" if tmp_ctx
+            else REPO / "runs" / "learning-bench" / key)
     work.mkdir(parents=True, exist_ok=True)
     if (work / "settings.json").exists():
         old = json.loads((work / "settings.json").read_text())
@@ -492,10 +510,13 @@ def main() -> None:
     order = [(arm, seed) for seed in a.seeds for arm in arms]
     n_tasks = len(_setup(a.config, overrides)[4])
     print(f"learning: {len(order)} runs in this order: {', '.join(f'{x}/seed {s}' for x, s in order)}")
-    print(f"learning: planned training wall time {len(order) * a.budget_s / 60:.0f} min ({len(order)} x "
-          f"{a.budget_s:.0f} s, each also running on to its first iteration end past the budget), then up to "
-          f"{a.snapshots} evaluations per run and one of the base model, {n_tasks} held-out tasks x {a.attempts} "
-          f"attempts each; work folder {work} (finished runs are skipped)")
+    n_evals = len(order) * a.snapshots + 1  # at most: snapshots holding the same adapter are evaluated once
+    train_s, eval_s = len(order) * a.budget_s, n_evals * n_tasks * a.attempts / EVAL_SAMPLES_PER_S
+    print(f"learning: planned wall time about {(train_s + eval_s) / 3600:.1f} h: training {len(order)} x "
+          f"{a.budget_s:.0f} s = {train_s / 60:.0f} min (each run also goes on to its first iteration end past the "
+          f"budget: up to one more iteration), evaluation of at most {n_evals} adapters x {n_tasks} held-out tasks x "
+          f"{a.attempts} attempts = {eval_s / 60:.0f} min at {EVAL_SAMPLES_PER_S} samples/s (an assumption: "
+          f"vLLM on 2 CPUs, benchmarks/results/online_iteration.jsonl); work folder {work} (finished runs are skipped)")
 
     env = {**os.environ, "HARNESSRL_LEARNING_OVERRIDES": json.dumps(overrides)}
 
@@ -524,14 +545,15 @@ def main() -> None:
             rd.mkdir(parents=True)
             print(f"learning: training {arm} seed {seed} ({a.budget_s:.0f} s)", flush=True)
             res = child(BENCH_PY if side == "trl" else Path(sys.executable), side, {"out": rd}, arm_over)
-            _write_json(rd / "train.json", res)
+            _write_json(rd / "train.json", {**res, "commit": commit()})
         res = json.loads((rd / "train.json").read_text())
         if not (rd / "eval.json").exists() or not base_file.exists():
             # the base model is evaluated once, in the first evaluation's process
             adapters = [None] if not base_file.exists() else []
             if not (rd / "eval.json").exists():
                 adapters += sorted({s["adapter"] for s in res["snapshots"] if s["adapter"]})
-            print(f"learning: evaluating {arm} seed {seed} ({len(adapters)} adapters, None: the base model)", flush=True)
+            print(f"learning: evaluating {arm} seed {seed} ({len(adapters)} adapters, None: the base model)",
+                  flush=True)
             ev = child(Path(sys.executable), "evaluate", {"adapters": json.dumps(adapters)}, {})
             if None in adapters:
                 _write_json(base_file, {"task_ids": ev["task_ids"], "pass_at_1": {"base": ev["pass_at_1"].pop("base")}})
@@ -560,6 +582,7 @@ def main() -> None:
         "truncated_reward": truncation, "target_pass_at_1": a.target,
         "target_source": "--target" if a.target != TARGET else "the script's TARGET, fixed before the run",
         "base_pass_at_1": round(sum(evals["base"]) / len(evals["base"]), 4),
+        "run_commits": sorted({r["result"].get("commit") or "unknown" for rs in runs.values() for r in rs}),
         **{k: v for k, v in figures.items() if k != "runs"}}
     if "trl" not in arms:
         row["skipped"] = "the TRL side (smoke mode)" if a.smoke else f"the TRL side ({BENCH_PY} missing)"

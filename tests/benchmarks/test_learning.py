@@ -34,7 +34,8 @@ def test_completion_cut_means_limit_reached_without_an_end_token():
     ("Answer: {answer}", "stop"), ("Answer: {answer} and then some more wor", "length"),
     ("I think it is 3, no, {answer}", "stop"), ("I think it is 3, no, {answer}", "length"),
     ("Answer: {wrong}", "stop"), ("no number here", "stop"), ("no number", "length")])
-def test_trl_reward_is_the_reward_our_side_trains_on(tiny_model_dir, task_and_record, script, finish, rule):  # noqa: F811
+def test_trl_reward_is_the_reward_our_side_trains_on(tiny_model_dir, task_and_record, script, finish,  # noqa: F811
+                                                     rule):
     from transformers import AutoTokenizer
 
     task, rec = task_and_record

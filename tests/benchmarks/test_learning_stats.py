@@ -106,7 +106,8 @@ def test_bootstrap_pass_at_1_pairs_the_difference_by_task():
     # exactly; drawn apart, it would spread over [-1.5, 0.5]
     r = bootstrap_pass_at_1({"a": [[0.0, 0.5, 0.0, 0.5]], "b": [[0.5, 1.0, 0.5, 1.0]]}, [("a", "b")], resamples=1000)
     d = r["a-b"]
-    assert d["diff"] == pytest.approx(-0.5) and d["ci_low"] == pytest.approx(-0.5) and d["ci_high"] == pytest.approx(-0.5)
+    assert d["diff"] == pytest.approx(-0.5)
+    assert d["ci_low"] == pytest.approx(-0.5) and d["ci_high"] == pytest.approx(-0.5)
 
 
 def test_bootstrap_pass_at_1_refuses_bad_input():
