@@ -382,13 +382,19 @@ def summarize(runs: dict[str, list[dict[str, Any]]], evals: dict[str, dict[str, 
             row.update(_acc_fields(f"{arm}_pass_at_1", boot[arm]))
     if "ours-trl" in boot:
         row.update(_acc_fields("ours_minus_trl_pass_at_1", boot["ours-trl"]))
+    for arm in ("ours", "trl"):
+        if arm in times:
+            row[f"{arm}_time_to_target_s"] = [None if t is None else round(t, 1) for t in times[arm]]
+    row["time_to_target_note"] = ("per seed, in the order of seeds; null: not reached within the budget (counted as "
+                                  "the budget in the speed-ups, which then are bounds: see *_bound)")
     missing = "no TRL runs" if "trl" not in times else None
     if missing:
         row.update(speedup=None, speedup_reason=f"{missing}: no speed-up")
     else:
         row.update(_ratio_fields("speedup", time_ratio(times["trl"], times["ours"], budget_s, resamples=resamples)))
     if "ours_hf" in runs:
-        ss: dict[str, Any] = {"compared": SAME_SAMPLER}
+        ss: dict[str, Any] = {"compared": SAME_SAMPLER,
+                              "ours_hf_time_to_target_s": [None if t is None else round(t, 1) for t in times["ours_hf"]]}
         ss.update(_acc_fields("ours_hf_pass_at_1", boot["ours_hf"]))
         if "ours_hf-trl" in boot:
             ss.update(_acc_fields("ours_hf_minus_trl_pass_at_1", boot["ours_hf-trl"]))

@@ -77,6 +77,8 @@ def test_summarize_by_hand():
     assert [r["time_to_target_s"] for r in row["runs"]["ours"]] == [100.0, 300.0]
     # TRL: 0.2 at 200 s (the base still), 0.4 at 400 s: 400 s; never for seed 1 (counted as the budget, 400)
     assert [r["time_to_target_s"] for r in row["runs"]["trl"]] == [400.0, None]
+    assert row["ours_time_to_target_s"] == [100.0, 300.0] and row["trl_time_to_target_s"] == [400.0, None]
+    assert row["same_sampler"]["ours_hf_time_to_target_s"] == [300.0, 300.0]
     # speed-up 400 / 200 = 2.0, a lower bound (a TRL seed never reached it); over seeds, ours' mean is
     # 100, 200 or 300 (P 1/4, 1/2, 1/4) and TRL's always 400: the interval is [400/300, 400/100]
     assert row["speedup"] == 2.0 and row["speedup_bound"] == "lower"
