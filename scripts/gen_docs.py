@@ -188,7 +188,9 @@ def _script_summary(name: str) -> str:
 
 def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks") -> str:
     """One section per script under ``benchmarks/`` (what it measures: its docstring's first
-    paragraph), then the newest rows of ``results/<name>.jsonl`` as columns, one figure a line."""
+    paragraph), then the newest rows of ``results/<name>.jsonl`` as columns, one figure a line. A
+    row's ``withdrawn`` (figure -> why) replaces those figures' cells by "withdrawn": a figure found
+    not to hold stays in the file, with the reason, but the page does not state it."""
     lines = [
         "# Benchmarks",
         "",
@@ -236,6 +238,9 @@ def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks"
                 v = r.get("machine", {}).get(k.split(".", 1)[1]) if k.startswith("machine.") else r.get(k)
                 if k == "commit" and isinstance(v, str):
                     v = v[:12] + ("+dirty" if v.endswith("+dirty") else "")
+                if k in (r.get("withdrawn") or {}):  # a figure the row itself withdraws: not shown as a number
+                    vals.append("withdrawn (see `withdrawn`)")
+                    continue
                 vals.append("" if v is None else _cell(_fmt(v)))
             lines.append(f"| `{k}` | " + " | ".join(vals) + " |")
         lines.append("")

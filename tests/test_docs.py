@@ -86,6 +86,12 @@ def test_benchmarks_page_shows_the_newest_rows(tmp_path):
     assert f"{len(rows)} row(s)" in md
     # a script without rows still has its section, saying how to add one
     assert "## rollout\n" in md and "No rows recorded yet: run `.venv/bin/python benchmarks/rollout.py`." in md
+    # a figure the row withdraws is not stated on the page; the reason is
+    rows[-1].update(speedup=2.03, withdrawn={"speedup": "not on one clock"})
+    (tmp_path / "artifact_store.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = gen_docs.benchmarks_page(tmp_path)
+    assert "| `speedup` | withdrawn (see `withdrawn`) |" in md and "2.03" not in md
+    assert 'not on one clock' in next(x for x in md.splitlines() if x.startswith("| `withdrawn` |"))
     empty = gen_docs.benchmarks_page(tmp_path / "none")
     for script in (ROOT / "benchmarks").glob("[!_]*.py"):
         assert f"## {script.stem}\n" in empty

@@ -178,16 +178,35 @@ def test_task_difficulty(tmp_path):
 
 
 def test_learning(tmp_path):
-    row = run_smoke("learning", tmp_path)
-    assert row["config"] == "learn-arith.yaml" and row["budget_s"] == 8.0 and row["attempts"] == 1
-    assert set(row["curves"]) == {"ours"} and "TRL" in row["skipped"] and "speedup" not in row
-    (t0, base), *marks = row["curves"]["ours"]
-    # base, then one point per adapter saved at the 2 wall-clock marks (a slow, shared machine may reach 1)
-    assert t0 == 0.0 and base == row["base_pass_at_1"] and 1 <= len(marks) <= 2
-    times = [t for t, _ in marks]
-    assert times == sorted(times) and times[0] > 0
-    assert all(0.0 <= p <= 1.0 for _, p in row["curves"]["ours"])
-    assert row["ours_iterations"] >= 1 and row["ours_samples_per_s"] > 0
+    work = tmp_path / "work"
+    row = run_smoke("learning", tmp_path, "--work", str(work))
+    assert row["config"] == "learn-arith.yaml" and row["budget_s"] == 20.0 and row["attempts"] == 1
+    assert row["compared"].startswith("vLLM-sampled online GRPO vs TRL GRPOTrainer") and row["split"] == "disjoint"
+    assert row["seeds"] == [0] and row["order"] == ["ours:0"] and row["snapshots"] == 2
+    assert row["target_pass_at_1"] == 0.35 and row["truncated_reward"] == "zero"
+    assert set(row["runs"]) == {"ours"} and "TRL" in row["skipped"] and row["same_sampler"]["skipped"] == "smoke mode"
+    # no TRL side: no speed-up, and the reason says so; the goal is undecided, not failed
+    assert row["speedup"] is None and "no TRL runs" in row["speedup_reason"] and row["goal"]["met"] is None
+    (run,) = row["runs"]["ours"]
+    # the clock starts at launch and the run goes on to its first iteration end past the budget
+    assert run["iterations"] >= 1 and run["stop_s"] >= 20.0 and run["samples_per_s"] > 0
+    # one snapshot per mark (10 s, 20 s), each the last iteration finished by it (0: the base model)
+    snaps = run["snapshots"]
+    assert [s["mark_s"] for s in snaps] == [10.0, 20.0]
+    assert all(0 <= s["weights_s"] <= s["mark_s"] and 0 <= s["iterations"] <= run["iterations"] for s in snaps)
+    assert snaps[0]["iterations"] <= snaps[1]["iterations"]
+    assert all((s["iterations"] == 0) == (s["weights_s"] == 0.0) for s in snaps)
+    assert all(0.0 <= s["pass_at_1"] <= 1.0 for s in snaps)
+    # equal-time pass@1 is the budget's snapshot, with an interval around it (over tasks: one seed)
+    assert row["ours_pass_at_1"] == snaps[-1]["pass_at_1"]
+    assert row["ours_pass_at_1_ci_low"] <= row["ours_pass_at_1"] <= row["ours_pass_at_1_ci_high"]
+    assert "tasks only" in row["ours_pass_at_1_note"] and 0.0 <= row["base_pass_at_1"] <= 1.0
+    # resumed: the finished run's training and evaluation are read back, not redone, and give the same row
+    stored = {f: f.read_bytes() for f in work.rglob("*.json")}
+    again = run_smoke("learning", tmp_path / "again", "--work", str(work))
+    assert {f: f.read_bytes() for f in work.rglob("*.json")} == stored
+    assert {k: v for k, v in again.items() if k not in ("date", "commit")} == \
+        {k: v for k, v in row.items() if k not in ("date", "commit")}
 
 
 def test_generate_batching(tmp_path):
