@@ -3,6 +3,7 @@ it ran (docs/experiments/findings-rules.md, "Choosing P5's beta"; :func:`tasks.a
 
     .venv/bin/harnessrl run -c configs/p5-beta-pilot.yaml
     .venv/bin/python benchmarks/p5_beta_pilot.py [--run-dir runs/p5-beta-pilot-<hash>]
+    .venv/bin/python benchmarks/p5_beta_pilot.py --smoke   # the pilot's --quick on the tests' tiny model (hf), then the rule
 
 Prints each arm's late KL and final reward and the chosen beta, and appends one JSON row to
 ``benchmarks/results/p5_beta_pilot.jsonl``.
@@ -26,6 +27,8 @@ def main() -> None:
     ap.add_argument("--config", default=CONFIG)
     ap.add_argument("--run-dir", default=None, help="the pilot's run folder (default: RUN_ROOT/NAME-CONFIGHASH)")
     ap.add_argument("--anchor-beta", type=float, default=0.001)
+    ap.add_argument("--smoke", action="store_true",
+                    help="run the pilot's --quick version on the tests' tiny model with the hf engine first")
     args = ap.parse_args()
 
     from schemas import ArtifactStore
@@ -34,7 +37,19 @@ def main() -> None:
     from flows.naming import run_label
     from tasks.config import load_config
 
-    cfg = load_config(args.config)
+    if args.smoke:
+        import tempfile
+
+        from _results import tiny_model
+
+        tmp = Path(tempfile.mkdtemp(prefix="p5-pilot-smoke-"))
+        cfg = load_config(args.config, {"policy.model": str(tiny_model(tmp / "model")), "policy.engine": "hf",
+                                        "run_root": str(tmp)}, quick=True)
+        from flows.pipeline import pipeline
+
+        pipeline(cfg, str(tmp / run_label(cfg)), None)
+    else:
+        cfg = load_config(args.config)
     run_dir = Path(args.run_dir or Path(cfg.run_root) / run_label(cfg))
     store = ArtifactStore(run_dir)
     try:
@@ -51,7 +66,7 @@ def main() -> None:
              "stable": stable[a]["stable"]} for a in beta_of]
     report("p5_beta_pilot", {"config": args.config, "config_hash": cfg.config_hash(), "run_dir": str(run_dir),
                              "steps": cfg.train.steps, "anchor_beta": args.anchor_beta, "arms": arms,
-                             "chosen_beta": got["beta"], "rule_met": got["rule_met"]})
+                             "chosen_beta": got["beta"], "rule_met": got["rule_met"], "smoke": args.smoke})
 
 
 if __name__ == "__main__":

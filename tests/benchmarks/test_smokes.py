@@ -222,3 +222,14 @@ def test_generate_batching(tmp_path):
     assert row["arrival_s"] > 0
     assert row["plan@16_speedup"] == pytest.approx(row["arrival_s"] / row["plan@16_s"], rel=0.05)
     assert row["batch_loop_s"] > 0
+
+
+def test_p5_beta_pilot(tmp_path):
+    """The pilot's --quick version trains its four k1-in-reward arms on the tiny model, and the rule
+    picks one of the candidate betas from the KL each arm measured."""
+    row = run_smoke("p5_beta_pilot", tmp_path)
+    arms = {a["beta"]: a for a in row["arms"]}
+    assert sorted(arms) == [0.001, 0.05, 0.3, 1.0] and row["anchor_beta"] == 0.001
+    assert all(a["late_kl"] == a["late_kl"] for a in arms.values())  # measured: no NaN
+    assert row["chosen_beta"] in (0.05, 0.3, 1.0)
+    assert row["rule_met"] == any(arms[b]["late_kl"] <= 0.5 * arms[0.001]["late_kl"] for b in (0.05, 0.3, 1.0))
