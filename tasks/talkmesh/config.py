@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.config import RunConfig, load_config
+from tasks.config.base import _LaterOptions
 from tasks.harnesses.spec import SamplingSpec
 
 
@@ -68,7 +69,7 @@ class MeshFindings(BaseModel):
         return self
 
 
-class TalkMeshConfig(BaseModel):
+class TalkMeshConfig(_LaterOptions):
     """The mesh, its training data and its evaluation.
 
     ``harness``: the harness whose system prompt and answer pattern the agents use (one of
@@ -91,8 +92,6 @@ class TalkMeshConfig(BaseModel):
     test problem, repeat r on samples ``[r*N, (r+1)*N)`` (R * N <= ``samples``), and its
     per-problem accuracy is the mean over the repeats. ``findings``: :class:`MeshFindings`.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     harness: str = "direct"
     train_problems: int = Field(default=40, ge=1)
@@ -118,15 +117,8 @@ class TalkMeshConfig(BaseModel):
     mesh_sizes: list[int] | None = None
     mesh_repeats: int | None = Field(default=None, ge=1)
     findings: MeshFindings | None = None
+    # added later: unset, they stay out of the dumps, so older talkmesh configs keep their hashes
     _later: ClassVar[tuple[str, ...]] = ("distinct_problems", "mesh_sizes", "mesh_repeats", "findings")
-
-    @model_serializer(mode="wrap")
-    def _drop_unset_later(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        for k in self._later:
-            if out.get(k) is None:
-                out.pop(k, None)
-        return out
 
     def sizes(self) -> list[int]:
         """Every evaluated mesh size with the trained talk policy: ``agents``, then ``mesh_sizes``."""

@@ -28,17 +28,7 @@ def plot_png(curves: list[dict[str, Any]], summary: list[dict[str, Any]]) -> byt
     for r in summary:
         if r["colluders"] == 0:
             ax.plot([r["outputs_spent"]], [r["accuracy"]], "*", markersize=12, label=r["condition"])
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("outputs spent per problem")
-    ax.set_ylabel("accuracy (test problems)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return _outputs_axes_png(fig, ax, "accuracy (test problems)", legend_size=8)
 
 
 def plot_budget_png(budget: list[dict[str, Any]]) -> bytes:
@@ -71,12 +61,20 @@ def plot_budget_png(budget: list[dict[str, Any]]) -> bytes:
                     yerr=[[r["accuracy"] - r["ci_low"]], [r["ci_high"] - r["accuracy"]]], fmt="*", markersize=11,
                     capsize=3, label=f"{r['series']} ({r['agents']} agents)")
     level = budget[0]["level"]
+    return _outputs_axes_png(fig, ax, f"accuracy (test problems; {level:.0%} bootstrap interval)", legend_size=7)
+
+
+def _outputs_axes_png(fig: Any, ax: Any, ylabel: str, *, legend_size: int) -> bytes:
+    """Finish an accuracy-against-outputs figure (log2 x axis, accuracy in [0, 1]) and return its
+    PNG bytes (no software tag, so the bytes depend on the data only)."""
+    import matplotlib.pyplot as plt
+
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("outputs spent per problem")
-    ax.set_ylabel(f"accuracy (test problems; {level:.0%} bootstrap interval)")
+    ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
