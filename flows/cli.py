@@ -128,6 +128,7 @@ def run(
 
     from tasks.rollout.cluster import NoWorkersError
 
+    _one_line_for(NoWorkersError)
     t0 = time.perf_counter()
     try:
         with _settled_server(), tagged(cfg):  # every flow and task run of the run carries the config's name and paper
@@ -230,6 +231,38 @@ def _quiet_libraries() -> None:
         pass
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
     logging.getLogger("harnessrl").setLevel(logging.INFO)
+
+
+class _NoTraceback:
+    """A logging filter that keeps a record's message but drops its traceback when the exception
+    (or one it was raised from) is one of ``kinds``: errors whose one-line message says it all."""
+
+    def __init__(self, kinds: tuple[type[BaseException], ...]) -> None:
+        self.kinds = kinds
+
+    def filter(self, record: Any) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        seen = 0
+        while exc is not None and seen < 10:
+            if isinstance(exc, self.kinds):
+                record.exc_info, record.exc_text = None, None
+                break
+            exc, seen = exc.__cause__ or exc.__context__, seen + 1
+        return True
+
+
+def _one_line_for(*kinds: type[BaseException]) -> None:
+    """Prefect's engines log a failed task or flow run with its traceback; for ``kinds`` the
+    run ends in one red line instead (the handlers of every configured logger get the filter)."""
+    import logging
+
+    f = _NoTraceback(kinds)
+    loggers = [logging.getLogger()] + [lg for name, lg in logging.root.manager.loggerDict.items()
+                                       if name.startswith("prefect") and isinstance(lg, logging.Logger)]
+    for lg in loggers:
+        for h in lg.handlers:
+            if not any(isinstance(x, _NoTraceback) for x in h.filters):
+                h.addFilter(f)
 
 
 def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:

@@ -1,10 +1,11 @@
 """Watching the worker processes of a Dask or Ray fan-out (:mod:`tasks.rollout.fanout`).
 
-- :func:`follow_api_url`, called in a worker before each shard: Prefect keeps one events worker and
-  one log worker per process, bound to the API it first reported to. A Dask worker reused by a
-  later run would keep sending that run's shard task runs and logs to the first run's (temporary,
-  long gone) Prefect server; on a change of ``PREFECT_API_URL`` the stale services are drained and
-  stopped, so the next event or log starts services bound to the current run's API.
+- :func:`follow_api_url`, run on every Dask worker before a fan-out submits its shards: Prefect
+  keeps one events worker, one log worker and one concurrency-slot service per process, bound to
+  the API they first reported to. A Dask worker reused by a later run would keep sending that
+  run's shard task runs and logs to the first run's (temporary, long gone) Prefect server, and
+  fail to take the task's concurrency slot there; on a change of API URL the stale services are
+  drained and stopped, so the next event starts services bound to the current run's API.
 - :func:`live_workers` and :func:`await_shard`: a fan-out whose every worker has died would wait
   for its shards forever (the Dask scheduler keeps them until a worker joins); it fails instead,
   after ``rollout.worker_timeout_s`` seconds with no live worker, with one line naming the cluster.
@@ -25,24 +26,32 @@ class NoWorkersError(RuntimeError):
     """Every worker of a Dask or Ray fan-out has been gone for ``rollout.worker_timeout_s``."""
 
 
-def follow_api_url(services: tuple[Any, ...] | None = None) -> bool:
-    """Drain and stop this process's Prefect events and log services when ``PREFECT_API_URL`` has
-    changed since the last call (a reused worker serving a new run); returns whether it did.
+def follow_api_url(url: str | None = None, services: tuple[Any, ...] | None = None) -> bool:
+    """Drain and stop this process's Prefect services when the run's API URL has changed since the
+    last call (a reused worker serving a new run); returns whether it did.
+
+    Prefect's task engine emits a task run's events and takes its concurrency slots through
+    per-process services (events worker, log worker, concurrency-slot service) started for the
+    API URL of the first run the process served; they must be stopped before the next run's task
+    engine starts, so the fan-out calls this on every Dask worker (``client.run``) before it
+    submits a shard. Ray needs no call: each Ray job (each run) gets its own worker processes.
 
     Args:
-        services: the service classes to stop (default Prefect's ``EventsWorker`` and
-            ``APILogWorker``); each needs a ``drain_all(timeout=...)`` classmethod.
+        url: the run's API URL (default: ``PREFECT_API_URL`` in this process's settings).
+        services: the service classes to stop (default every Prefect queue service of the
+            process: ``drain_all`` of Prefect's service base drains them all); each needs a
+            ``drain_all(timeout=...)`` classmethod.
     """
-    from prefect.settings import PREFECT_API_URL
+    if url is None:
+        from prefect.settings import PREFECT_API_URL
 
-    url = PREFECT_API_URL.value()
+        url = PREFECT_API_URL.value()
     changed = bool(_API_URL_SEEN) and _API_URL_SEEN[0] != url
     if changed:
         if services is None:
-            from prefect.events.worker import EventsWorker
-            from prefect.logging.handlers import APILogWorker
+            from prefect._internal.concurrency.services import _QueueServiceBase
 
-            services = (EventsWorker, APILogWorker)
+            services = (_QueueServiceBase,)
         for svc in services:
             svc.drain_all(timeout=5.0)  # whatever the old API did not take in 5 s is dropped
     _API_URL_SEEN[:] = [url]

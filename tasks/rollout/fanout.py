@@ -289,9 +289,6 @@ def _shard_task() -> Any:
     from prefect.cache_policies import NO_CACHE
 
     def rollout_shard(inp: ShardInput, policy: Any, on_turns: Callable[[int], None] | None = None) -> dict[str, Any]:
-        from tasks.rollout.cluster import follow_api_url
-
-        follow_api_url()  # a worker reused by a later run reports to that run's Prefect API
         if isinstance(policy, PolicySource):
             policy = cached_policy(policy)
         return run_shard(inp, _SharedPolicy(policy), on_turns)
@@ -391,6 +388,12 @@ def iter_fan_out(inputs: list[ShardInput], policy: Any, rc: RolloutConfig) -> It
     run_logger().info("%s: %d episodes in %d shards (%s)", tag, n_eps, len(inputs), where)
     with progress(f"{tag}: {n_eps} episodes", total, "turn slots") as advance, \
             _shared_api(rc), _task_runner(rc) as runner:
+        if rc.task_runner == "dask":  # a reused worker reports to this run's Prefect API, not an earlier one's
+            from prefect.settings import PREFECT_API_URL
+
+            from tasks.rollout.cluster import follow_api_url
+
+            runner.client.run(follow_api_url, PREFECT_API_URL.value())
         counters = [_Counted(advance) if rc.task_runner == "thread" else None for _ in inputs]
         futures = [runner.submit(shard_task, {"inp": inp, "policy": policy, "on_turns": c})
                    for inp, c in zip(inputs, counters)]

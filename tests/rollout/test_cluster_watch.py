@@ -25,13 +25,17 @@ def test_a_worker_drains_its_prefect_services_only_when_the_api_url_changes(monk
     monkeypatch.setattr(cluster, "_API_URL_SEEN", [])
     _Service.drained = []
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:1111/api"}):
-        assert follow_api_url((_Service,)) is False  # the first run this worker serves
-        assert follow_api_url((_Service,)) is False  # the same run's next shard
+        assert follow_api_url(services=(_Service,)) is False  # the first run this worker serves
+        assert follow_api_url(services=(_Service,)) is False  # the same run's next shard
     assert _Service.drained == []
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:2222/api"}):
-        assert follow_api_url((_Service,)) is True  # a later run: the first run's services are stopped
-        assert follow_api_url((_Service,)) is False
+        assert follow_api_url(services=(_Service,)) is True  # a later run: the first run's services are stopped
+        assert follow_api_url(services=(_Service,)) is False
     assert _Service.drained == [5.0]
+    # the fan-out passes the run's URL to every Dask worker (client.run), whatever the worker's settings
+    assert follow_api_url("http://127.0.0.1:3333/api", services=(_Service,)) is True
+    assert follow_api_url("http://127.0.0.1:3333/api", services=(_Service,)) is False
+    assert _Service.drained == [5.0, 5.0]
 
 
 @pytest.fixture
@@ -72,3 +76,36 @@ def test_a_worker_count_that_cannot_be_read_never_fails_the_wait(monkeypatch):
     monkeypatch.setattr(cluster, "live_workers", lambda runner, kind: 0)
     with pytest.raises(NoWorkersError, match="ray at head:6379 for 25 s"):
         await_shard(object(), object(), "ray", "ray at head:6379", timeout_s=25.0, clock=lambda: next(clock))
+
+
+def test_the_cli_drops_the_traceback_of_a_no_workers_failure_and_keeps_others():
+    import logging
+
+    from flows.cli import _NoTraceback
+
+    f = _NoTraceback((NoWorkersError,))
+
+    def record(exc):
+        try:
+            raise exc
+        except BaseException:
+            import sys
+            return logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+
+    def wrapped():
+        try:
+            raise NoWorkersError("no live worker")
+        except NoWorkersError as e:
+            raise RuntimeError("flow failed") from e
+
+    ours = record(NoWorkersError("no live worker"))
+    assert f.filter(ours) and ours.exc_info is None and ours.getMessage() == "failed"
+    chained = record(RuntimeError("x"))
+    try:
+        wrapped()
+    except RuntimeError:
+        import sys
+        chained.exc_info = sys.exc_info()
+    assert f.filter(chained) and chained.exc_info is None  # raised from one: dropped too
+    other = record(ValueError("a bug"))
+    assert f.filter(other) and other.exc_info is not None  # any other error keeps its traceback
