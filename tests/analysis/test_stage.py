@@ -198,11 +198,17 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
 
     import asyncio
 
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey,
+                                                FlowRunFilter, FlowRunFilterParentFlowRunId)
 
-    async def fetch():
+    top_id = state.state_details.flow_run_id
+
+    async def fetch():  # this flow run's artifacts only: tests beside this one publish the same keys
         async with get_client() as c:
-            return await c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
+            subs = await c.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[top_id])))
+            return await c.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=keys), flow_run_id=ArtifactFilterFlowRunId(any_=[top_id, *[r.id for r in subs]])))
 
     arts = {a.key: a for a in asyncio.run(fetch())}
     report = arts["harnessrl-report"].data
