@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.evaluate.stats import graded_counts, pass_at_k
+from tasks.evaluate.stats import graded_counts, paired_bootstrap, pass_at_k
 from tasks.hashing import seed_from
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
@@ -134,19 +134,21 @@ def p1_cells(rows: list[dict[str, Any]], cells: list[dict[str, str]], k: int, re
 
 
 def pooled_rates(rates: dict[tuple[str, str], dict[str, float]], a_cells: list[dict[str, str]],
-                 b_cells: list[dict[str, str]], tasks: set[str] | None = None) -> tuple[list[str], np.ndarray]:
+                 b_cells: list[dict[str, str]], tasks: set[str] | None = None
+                 ) -> tuple[list[str], np.ndarray, np.ndarray]:
     """The tasks every cell graded (within ``tasks`` when given), sorted, and per task the mean
-    success rate over the ``a_cells`` minus the mean over the ``b_cells``: float ``[n_tasks]``.
+    success rate over the ``a_cells`` and over the ``b_cells``: two float ``[n_tasks]`` arrays,
+    paired by task.
 
     ``rates``: ``(checkpoint, harness) -> {task_id: resolved / graded}``; a cell is
-    ``{checkpoint, harness}``. No common task: an empty list and array."""
+    ``{checkpoint, harness}``. No common task: an empty list and empty arrays."""
     cells = [rates.get((c["checkpoint"], c["harness"]), {}) for c in a_cells + b_cells]
     common = set.intersection(*[set(c) for c in cells]) if cells else set()
     common = sorted(common if tasks is None else common & tasks)
     na = len(a_cells)
-    diff = np.array([np.mean([c[t] for c in cells[:na]]) - np.mean([c[t] for c in cells[na:]]) for t in common],
-                    dtype=np.float64)
-    return common, diff
+    a = np.array([np.mean([c[t] for c in cells[:na]]) for t in common], dtype=np.float64)
+    b = np.array([np.mean([c[t] for c in cells[na:]]) for t in common], dtype=np.float64)
+    return common, a, b
 
 
 def finding_table(rows: list[dict[str, Any]], plan: dict[str, Any], contrasts: list[dict[str, Any]]
@@ -206,14 +208,11 @@ def finding_table(rows: list[dict[str, Any]], plan: dict[str, Any], contrasts: l
         elif f["measure"] == "pooled_contrast":
             seed = seed_from(plan["seed"], "finding", f["name"])
             only = {t for t, s_ in plan["suite_of"].items() if s_ == f["suite"]} if f.get("suite") else None
-            common, diff = pooled_rates(rates, f["a_cells"], f["b_cells"], only)
+            common, pa, pb = pooled_rates(rates, f["a_cells"], f["b_cells"], only)
             row.update(level=level, seed=seed, n=len(common))
-            if len(common) >= 2:
-                rng = np.random.default_rng(seed)
-                boot = diff[rng.integers(0, len(common), size=(int(plan["bootstrap_resamples"]), len(common)))].mean(axis=1)
-                a = (1.0 - level) / 2
-                row.update(estimate=float(diff.mean()), ci_low=float(np.quantile(boot, a)),
-                           ci_high=float(np.quantile(boot, 1 - a)))
+            if len(common) >= 2:  # the contrasts' task-clustered paired bootstrap, at the findings' level
+                est, lo, hi, _ = paired_bootstrap(pa, pb, int(plan["bootstrap_resamples"]), seed, level)
+                row.update(estimate=est, ci_low=lo, ci_high=hi)
         else:
             cks = f.get("checkpoints") or [c["name"] for c in plan["checkpoints"]]
             hs = list(plan["harnesses"])

@@ -35,23 +35,20 @@ UNSEALED_REASON = ("harnessrl talkmesh writes content-hashed artifacts, not the 
 def bootstrap_mean(x: Sequence[float], resamples: int, seed: int, level: float = 0.95
                    ) -> tuple[float, float, float]:
     """``(mean, ci_low, ci_high)`` of ``x`` (float ``[P]``, one value per problem) with a
-    percentile bootstrap over problems: ``resamples`` draws of P indices with replacement
-    (numpy ``default_rng(seed)``), the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of
-    the resampled means.
+    percentile bootstrap over problems (:func:`tasks.evaluate.stats.paired_bootstrap` against 0:
+    ``resamples`` draws of P indices with replacement, the ``(1 - level) / 2`` and
+    ``(1 + level) / 2`` quantiles of the resampled means).
 
     Raises:
         ValueError: empty ``x``, ``resamples`` < 1 or ``level`` outside (0, 1).
     """
+    from tasks.evaluate.stats import paired_bootstrap
+
     a = np.asarray(x, dtype=np.float64)
     if a.ndim != 1 or a.size == 0:
         raise ValueError(f"bootstrap_mean: need a non-empty 1-d array, got shape {a.shape}")
-    if resamples < 1 or not 0.0 < level < 1.0:
-        raise ValueError(f"bootstrap_mean: resamples={resamples} must be >= 1 and level={level} in (0, 1)")
-    rng = np.random.default_rng(seed)
-    boot = a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1)
-    tail = (1.0 - level) / 2.0
-    lo, hi = np.quantile(boot, [tail, 1.0 - tail])
-    return float(a.mean()), float(lo), float(hi)
+    est, lo, hi, _ = paired_bootstrap(a, np.zeros_like(a), resamples, seed, level)  # mean(a - 0): one sample
+    return est, lo, hi
 
 
 def budget_rows(votes: dict[str, np.ndarray], meshes: dict[str, dict[str, Any]], *, resamples: int, seed: int,
