@@ -278,6 +278,10 @@ def _steps_table(arms: list[dict]) -> list[str]:
     return out + [""] + ([f"- {_cell(x)}" for x in notes] + [""] if notes else [])
 
 
+def _yes_no(v: bool | None) -> str:
+    return "n/a" if v is None else ("yes" if v else "no")
+
+
 def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img" / "findings") -> str:
     """The findings table: one row per tested headline, newest first, from ``findings.jsonl``."""
     f = results / "findings.jsonl"
@@ -334,17 +338,15 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
                       "| pass@1 [95% interval] |",
                       "| --- | --- | ---: | ---: | --- | --- | ---: | --- | --- | --- |"]
             for a in latest.values():
-                def yn(v):
-                    return "n/a" if v is None else ("yes" if v else "no")
                 rates = "; ".join(f"{r['harness']} {r['suite'].split('/')[-1]}: " + (
                     "n/a" if r["pass_at_1"] is None else f"{r['pass_at_1']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
                     for r in a["pass_at_1"])
                 rw = "n/a" if a.get("early_reward") is None else f"{a['early_reward']:.3f} -> {a['late_reward']:.3f}"
                 lines.append("| " + " | ".join(_cell(str(x)) for x in [
                     a["arm"], a["kl_config"] or "none", f"{a['beta']:g}", a["max_staleness"],
-                    a.get("reward_control") or "none", yn(a["unbiased"]),
+                    a.get("reward_control") or "none", _yes_no(a["unbiased"]),
                     "n/a" if a["relative_bias"] is None else f"{a['relative_bias']:.3f}",
-                    yn(a["stable"]) + (f" ({a['reason']})" if a.get("reason") else ""), rw, rates]) + " |")
+                    _yes_no(a["stable"]) + (f" ({a['reason']})" if a.get("reason") else ""), rw, rates]) + " |")
             lines.append("")
             lines += _steps_table(list(latest.values()))
         for p in sorted(figures.glob(f"{run}--*.png")) if figures.is_dir() else []:
