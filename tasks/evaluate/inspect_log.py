@@ -18,7 +18,11 @@ sealed run without harnessrl's code:
   the logs are written after the seal, from the frozen tasks), ``messages`` = the harness's system
   prompt, the task instruction, then each turn's completion and the observation the engine sent
   back; ``events`` = one ``ModelEvent`` per turn (its input messages, its completion, prompt and
-  completion token counts from the turn rows; no timing: the turns carry none); ``output`` = the
+  completion token counts from the turn rows, and its timing: ``timestamp``/``completed``/
+  ``working_time`` and ``output.time`` are the start, end and seconds of the engine call that
+  sampled the turn, a call shared by the ``metadata.batch_requests`` episodes of its batch, with
+  ``started_at``/``completed_at``/``total_time`` of the sample from its first turn's start to its
+  last turn's end); ``output`` = the
   final answer; ``scores`` ``resolved`` ("C"/"I", Inspect's correct/incorrect) and ``reward``,
   each with an explanation (:func:`explanation`), for a graded attempt (a timeout is a graded
   failure), none and ``error`` set for a final ``infra_error``; ``metadata`` = the sealed row's
@@ -28,9 +32,12 @@ sealed run without harnessrl's code:
   (none when the cell does not count), and ``accuracy`` = resolved / graded samples; the ``reward``
   score's ``mean`` (and ``stderr``) over the graded samples.
 
-Timestamps (``eval.created``, ``stats``, the model events') are the time of writing: the logs are the one evaluate
-output that is not byte-identical across re-runs; every sealed value in them is
-(:func:`tasks.evaluate.exports.check_inspect_logs` compares them with the rows).
+Timing comes from the runner's episodes (``turn_times``, :func:`tasks.rollout.harness.run_episodes`),
+which no artifact holds: it differs between runs. An attempt without it (a runner that records
+none, e.g. a scripted one or a loop plugin) has its model events stamped with the time of writing
+and no durations. ``eval.created`` is the time of writing; ``stats`` span the log's timed turns.
+So the logs are the one evaluate output that is not byte-identical across re-runs; every sealed
+value in them is (:func:`tasks.evaluate.exports.check_inspect_logs` compares them with the rows).
 """
 
 from __future__ import annotations
@@ -86,11 +93,16 @@ def _prompt_tokens(turns: list[dict[str, Any]]) -> list[int]:
     return out
 
 
+def _utc(t: float) -> datetime:
+    return datetime.fromtimestamp(t, timezone.utc)
+
+
 def _transcript(eval_id: str, system: str, instruction: str, turns: list[dict[str, Any]], model: str,
-                when: str = "") -> tuple[list[Any], list[Any]]:
+                when: str = "", times: list[list[float]] | None = None) -> tuple[list[Any], list[Any]]:
     """The attempt's chat messages and one Inspect ``ModelEvent`` per turn (its input messages,
-    its completion with the prompt and completion token counts, its stop reason). ``when`` is the
-    events' timestamp (the time of writing: the turns carry no times)."""
+    its completion with the prompt and completion token counts, its stop reason). ``times``: per
+    turn index ``[start, end, batch requests]`` of the engine call (Unix seconds), which time the
+    events; a turn without one is stamped ``when`` (the time of writing) with no duration."""
     from inspect_ai.event import ModelEvent
     from inspect_ai.model import (ChatMessageAssistant, ChatMessageSystem, ChatMessageUser, GenerateConfig,
                                   ModelOutput, ModelUsage)
@@ -113,9 +125,16 @@ def _transcript(eval_id: str, system: str, instruction: str, turns: list[dict[st
                                               else "stop")
             output.model = model
             output.usage = ModelUsage(input_tokens=n_in, output_tokens=n_out, total_tokens=n_in + n_out)
+            tt = times[t["turn_idx"]] if times and t["turn_idx"] < len(times) else None
+            if tt is not None:
+                output.time = tt[1] - tt[0]
+                timing: dict[str, Any] = dict(timestamp=_utc(tt[0]), completed=_utc(tt[1]),
+                                              working_start=tt[0] - times[0][0], working_time=tt[1] - tt[0],  # type: ignore[index]
+                                              metadata={"batch_requests": int(tt[2])})
+            else:
+                timing = dict(working_start=0.0, **({"timestamp": when} if when else {}))
             events.append(ModelEvent(model=model, input=before, tools=[], tool_choice="none", config=GenerateConfig(),
-                                     output=output, uuid=f"{eval_id[:16]}-e{len(events)}", working_start=0.0,
-                                     **({"timestamp": when} if when else {})))
+                                     output=output, uuid=f"{eval_id[:16]}-e{len(events)}", **timing))
         if t.get("observation"):
             out.append(ChatMessageUser(content=t["observation"], id=mid()))
     return out, events
@@ -175,6 +194,7 @@ class _Shared:
     now: str
     tasks: dict[str, dict[str, Any]]
     systems: dict[str, str]
+    times: dict[str, list[list[float]]]  # eval_id -> per turn [start, end, batch requests]
 
     def keys(self, checkpoint: str, harness: str) -> list[tuple]:
         """The final attempts of (checkpoint, harness), by task then attempt."""
@@ -183,7 +203,8 @@ class _Shared:
 
 
 def _shared(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
-            cells: list[dict[str, Any]], tasks: dict[str, dict[str, Any]], systems: dict[str, str]) -> _Shared:
+            cells: list[dict[str, Any]], tasks: dict[str, dict[str, Any]], systems: dict[str, str],
+            times: dict[str, list[list[float]]] | None = None) -> _Shared:
     replaced: dict[str, list[str]] = {}
     for r in rows:
         if r["retry"]:
@@ -196,7 +217,7 @@ def _shared(run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[st
         held=set(plan.get("held_out", [])),
         revision=dict(type="git", origin="", commit=rev["git_sha"], dirty=rev["dirty"]) if rev["git_sha"] else None,
         packages={k: v for k, v in package_versions().items() if v}, now=datetime.now(timezone.utc).isoformat(),
-        tasks=tasks, systems=systems)
+        tasks=tasks, systems=systems, times=times or {})
 
 
 def _turns_of(turns: TurnSource) -> Callable[[set[str]], list[dict[str, Any]]]:
@@ -222,13 +243,17 @@ def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, An
         r = finals[key]
         graded = r["status"] in GRADED
         task = tasks[r["task_id"]]
+        times = sh.times.get(r["eval_id"])
         messages, events = _transcript(r["eval_id"], systems[h], task["instruction"], by_ep.get(r["eval_id"], []),
-                                       model, now)
+                                       model, now, times)
         usage = _usage(events)
+        span = (times[0][0], times[-1][1]) if times else None
         samples.append(EvalSample(
             id=r["task_id"], epoch=r["attempt"] + 1, input=task["instruction"], target=target_of(task),
             messages=messages, events=events, model_usage={model: usage} if usage else {},
             output=_output(model, r),
+            **(dict(started_at=_utc(span[0]).isoformat(), completed_at=_utc(span[1]).isoformat(),
+                    total_time=span[1] - span[0], working_time=span[1] - span[0]) if span else {}),
             scores={"resolved": Score(value="C" if r["resolved"] else "I", answer=r["final_answer"] or "",
                                       explanation=explanation(r, task), metadata={"status": r["status"]}),
                     "reward": Score(value=float(r["reward"]), answer=r["final_answer"] or "",
@@ -277,7 +302,9 @@ def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, An
                                 "k": c.get("k")}),
             EvalScore(name="reward", scorer=SCORER, scored_samples=n_graded,
                       unscored_samples=len(samples) - n_graded, metrics=reward_metrics)]),
-        stats=EvalStats(started_at=now, completed_at=now, model_usage={model: total} if total else {}),
+        stats=EvalStats(started_at=min((s.started_at for s in samples if s.started_at), default=now),
+                        completed_at=max((s.completed_at for s in samples if s.completed_at), default=now),
+                        model_usage={model: total} if total else {}),
         samples=samples,
     )
     return log
@@ -310,8 +337,8 @@ PARALLEL_MIN_SAMPLES = 2000
 
 def write_inspect_logs(store: ArtifactStore, run_name: str, plan: dict[str, Any], p_hash: str,
                        rows: list[dict[str, Any]], cells: list[dict[str, Any]], turns: TurnSource,
-                       tasks: dict[str, dict[str, Any]], systems: dict[str, str], workers: int | None = None
-                       ) -> list[str]:
+                       tasks: dict[str, dict[str, Any]], systems: dict[str, str], workers: int | None = None,
+                       turn_times: dict[str, list[list[float]]] | None = None) -> list[str]:
     """Build the Inspect logs of a sealed evaluation (see the module docstring), one per
     (checkpoint, harness) in plan order, holding one log's turns at a time; write each with
     :func:`inspect_ai.log.write_eval_log` to a local temporary file, then atomically into the run
@@ -324,6 +351,8 @@ def write_inspect_logs(store: ArtifactStore, run_name: str, plan: dict[str, Any]
             eval_ids to those episodes' turn rows (e.g. read from the committed ``eval_turns``).
         tasks: task_id -> ``tasks`` row (``instruction``).
         systems: harness name -> the rendered system prompt of that harness.
+        turn_times: eval_id -> per turn ``[start, end, batch requests]`` of the engine call that
+            sampled it (the runner's episode ``turn_times``); attempts missing from it get no timing.
 
     ``workers``: processes that build and write the logs (``concurrent.futures``, spawn; each gets
     the shared inputs once and one log's turn rows at a time, read here, with at most ``workers + 1``
@@ -334,7 +363,7 @@ def write_inspect_logs(store: ArtifactStore, run_name: str, plan: dict[str, Any]
     import os
     from concurrent.futures import ProcessPoolExecutor
 
-    sh = _shared(run_name, plan, p_hash, rows, cells, tasks, systems)
+    sh = _shared(run_name, plan, p_hash, rows, cells, tasks, systems, turn_times)
     jobs = [(ck, h) for ck in plan["checkpoints"] for h in plan["harnesses"]]
     if workers is None:  # the CPUs this process may run on (a container's share, not the host's count)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -221,6 +221,9 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     rows: list[dict[str, Any]] = []
     retries: list[dict[str, Any]] = []
     turn_episodes: set[str] = set()
+    # eval_id -> the engine's [start, end, batch size] per turn, for the Inspect logs' timing (the
+    # runner's episode dicts carry it; no artifact does: it differs between runs)
+    turn_times: dict[str, list[list[float]]] = {}
     ch = evaluate_config_hash(cfg)
     with store.stream("evaluate", "eval_turns", contract="turns") as turns_out, \
             tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:
@@ -230,6 +233,9 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
             for eps, chunk_turns in runner(*args, **loop_kw):
                 turns_out.add(chunk_turns)
                 turn_episodes.update(t["episode_id"] for t in chunk_turns)
+                for e in eps:
+                    if e.get("turn_times"):
+                        turn_times[e["episode_id"]] = e["turn_times"]
                 yield from eps
 
         for ck in plan["checkpoints"]:
@@ -308,7 +314,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     # an Inspect log needs each turn's text only: the token-id columns are never decoded
     turns_of = functools.partial(store.rows_where, turns_ref, "episode_id", columns=list(TURN_COLUMNS))
     write_exports(store, cfg.name, plan, ph, sealed, cells, turns_of, task_by_id,
-                  {s.name: s.render_system() for s in specs.values()})
+                  {s.name: s.render_system() for s in specs.values()}, turn_times=turn_times)
     tick("exports")
     return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref, "eval_turns": turns_ref,
             **found}

@@ -152,6 +152,9 @@ class _Episode:
     last_text: str = ""
     out_of_turns: bool = False
     cut: bool = False  # the context budget ended it, or its last reply was cut at max_new_tokens
+    # per turn: [start, end] (Unix seconds) of the engine call that sampled it, and the number of
+    # requests in that call (a batch shares one call); not in any artifact (not reproducible)
+    turn_times: list[list[float]] = field(default_factory=list)
 
     def stop_reason(self) -> str:
         """One of :data:`STOP_REASONS` for a finished episode."""
@@ -365,8 +368,11 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
     Returns:
         ``(episodes, turns)`` row dicts: episode fields known to the engine (episode_id, reward,
         success, status, ``stop_reason`` (:data:`STOP_REASONS`), num_turns, input_tokens,
-        output_tokens, final_answer, and ``error``: why
-        an episode ended ``infra_error`` or ``timeout``, else "") and full ``turns`` rows. The
+        output_tokens, final_answer, ``error``: why
+        an episode ended ``infra_error`` or ``timeout``, else "", and ``turn_times``: per turn
+        ``[start, end, n]``, the Unix seconds of the engine call that sampled it and the ``n``
+        requests that call batched, kept out of every artifact since it differs between runs;
+        the Inspect logs show it) and full ``turns`` rows. The
         caller adds record and policy columns.
 
     Raises:
@@ -412,8 +418,12 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
             turn_seed = seed_from(seed, spec.harness_id, turn, [e.job.episode_id for e in active])
             # requests the engine reports finished move the bar within the batch: one slot each
             sampled = _Sampled(report, len(active))
+            t_start = time.time()
             with on_requests_done(sampled):
                 gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
+            t_end = time.time()
+            for e in active:
+                e.turn_times.append([t_start, t_end, float(len(active))])
             fault_point(f"rollout:{spec.name}:turn:{turn}")  # crash tests: a worker dying mid-shard
             results = list(pool.map(lambda eg: _step(eg[0], spec, eg[1], turn, sandbox_cfg), zip(active, gens)))
             for e, g, (observation, obs_spans, action) in zip(active, gens, results):
@@ -483,6 +493,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 "final_answer": e.answer,
                 "answer_parsed": e.answer is not None and e.answer_parsed,
                 "error": e.error,
+                "turn_times": e.turn_times,
             }
 
         episodes = list(pool.map(finish, eps))

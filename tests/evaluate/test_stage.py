@@ -247,6 +247,49 @@ def test_inspect_logs_read_back_with_inspect_and_match_the_seal(sealed):
     assert check_inspect_logs(store.url) == []
 
 
+def test_inspect_logs_time_each_turn_by_its_engine_call(tmp_path):
+    """The runner's ``turn_times`` (the engine call that sampled each turn) become the model
+    events' timestamps and durations, the samples' spans and the log's; no artifact holds them."""
+    from datetime import datetime
+
+    from inspect_ai.log import read_eval_log
+
+    base = ScriptedRunner(p_resolve={"direct": 0.5, "react-python": 0.3}, seed=1, turns=2, context_tokens=64)
+    times: dict[str, list] = {}
+
+    def timed(*args, **kw):
+        for eps, turns in base(*args, **kw):
+            for i, e in enumerate(eps):
+                t = 1.7e9 + 10.0 * len(times)  # 1 s and 2 s calls, a 3 s tool step between
+                e["turn_times"] = times[e["episode_id"]] = [[t, t + 1.0, 8.0], [t + 4.0, t + 6.0, 8.0]]
+            yield eps, turns
+
+    _, store, _, out, *_ = _run(tmp_path, runner=timed)
+    _, plain, _, out2, *_ = _run(tmp_path / "plain", runner=base)
+    for k in out:  # the times are in no artifact
+        assert out[k].sha256 == out2[k].sha256, k
+    rows = store.rows(out["evaluations"])
+    timed_logs = 0
+    for rel in store.list_files("evaluate/inspect"):
+        log = read_eval_log(f"{store.root}/{rel}")
+        for s in log.samples:
+            want = times[s.metadata["eval_id"]]
+            assert [e.timestamp.timestamp() for e in s.events] == [w[0] for w in want]
+            assert [e.completed.timestamp() for e in s.events] == [w[1] for w in want]
+            assert [e.working_time for e in s.events] == [e.output.time for e in s.events] == [1.0, 2.0]
+            assert [e.working_start for e in s.events] == [0.0, 4.0]
+            assert [e.metadata["batch_requests"] for e in s.events] == [8, 8]
+            assert s.total_time == 6.0 and datetime.fromisoformat(s.started_at).timestamp() == want[0][0]
+            assert datetime.fromisoformat(s.completed_at).timestamp() == want[1][1]
+        assert log.stats.started_at == min(s.started_at for s in log.samples)
+        timed_logs += 1
+    assert timed_logs == 4 and len(times) == len(rows)
+    # without times (the plain runner) the events carry no duration
+    log = read_eval_log(f"{plain.root}/{plain.list_files('evaluate/inspect')[0]}")
+    assert all(e.working_time is None for s in log.samples for e in s.events)
+    assert all(s.total_time is None for s in log.samples)
+
+
 def test_inspect_model_name_of_a_model_path():
     from tasks.evaluate.inspect_log import model_name
 

@@ -77,6 +77,39 @@ def test_react_episode_runs_code_observes_and_is_graded(tiny_model_dir, task_and
     assert all(m == 0 for m in seq.mask[n0:n0 + len(obs_ids)])  # observation tokens never in the loss
 
 
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_each_turn_is_timed_by_the_engine_call_that_sampled_it(tiny_model_dir, task_and_record):
+    """``turn_times``: per turn the start, end and batch size of its ``generate`` call (what the
+    Inspect logs show); the tool step between two calls is outside both."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    task, rec = task_and_record
+    answer = json.loads(task["verifier_spec"])["answer"]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    calls = []
+
+    class Slow(ScriptedPolicy):
+        def generate(self, prompts, sampling, seed):
+            t0 = time.time()
+            time.sleep(0.2)
+            out = super().generate(prompts, sampling, seed)
+            calls.append((t0, time.time(), len(prompts)))
+            return out
+
+    pol = Slow(tok, [f"```python\nprint({answer})\n```", f"Answer: {answer}"])
+    jobs = [EpisodeJob(f"ep{i}", rec, task, i, 0) for i in range(2)]
+    eps, _ = run_episodes(pol, load_harness("react-python"), jobs, SandboxConfig(), seed=0)
+    assert len(calls) == 2
+    for ep in eps:
+        times = ep["turn_times"]
+        assert len(times) == ep["num_turns"] == 2 and [n for *_, n in times] == [2.0, 2.0]
+        for (start, end, _), (c0, c1, _) in zip(times, calls):
+            assert start <= c0 and c1 <= end and 0.2 <= end - start < c1 - c0 + 0.05
+        assert times[1][0] >= times[0][1]  # the tool ran in between
+
+
 def test_direct_episode_falls_back_to_the_last_number(tiny_model_dir, task_and_record):
     from transformers import AutoTokenizer
 
