@@ -137,7 +137,7 @@ def run(
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(1)
     total = time.perf_counter() - t0
-    _print_summary(rd, result, total)
+    _print_summary(rd, result, total, cfg)
 
 
 @app.command("train")
@@ -265,7 +265,7 @@ def _one_line_for(*kinds: type[BaseException]) -> None:
                 h.addFilter(f)
 
 
-def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:
+def _print_summary(rd: Any, result: dict[str, Any], total: float, cfg: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -284,16 +284,38 @@ def _print_summary(rd: Any, result: dict[str, Any], total: float) -> None:
     # compact (simple box, one line per row) so that it fits 80 columns without cutting a name
     from rich import box
 
+    from flows.summary import NEXT_CONFIG, pass_at_1_intervals, reading
+
+    ev = result["evaluate"]["outputs"]
+    ci = pass_at_1_intervals(store.rows(ev["evaluations"]), cfg.evaluate.bootstrap_resamples, cfg.evaluate.seed)
     ks = sorted({r["ceiling_k"] for r in m})
-    p = Table(title="sealed evaluation (test split)", box=box.SIMPLE_HEAD)
-    for col in ("checkpoint", "harness", "pass@1", f"ceiling@{ks[0]}" if len(ks) == 1 else "ceiling", "mismatch",
-                "graded", "infra"):
+    p = Table(title="sealed evaluation (test split)", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+              caption="95% CI: percentile bootstrap over test tasks")
+    infra = any(r["infra_errors"] for r in m)
+    for col in ("checkpoint", "harness", "pass@1", "95% CI", f"ceiling@{ks[0]}" if len(ks) == 1 else "ceiling",
+                "mismatch", "graded", *(["infra"] if infra else [])):
         p.add_column(col, no_wrap=True)
     for r in m:
         ceiling = f"{r['ceiling']:.3f}" if len(ks) == 1 else f"{r['ceiling']:.3f} (pass@{r['ceiling_k']})"
-        p.add_row(r["checkpoint"], r["harness_name"], f"{r['pass_at_1']:.3f}", ceiling, f"{r['mismatch']:.3f}",
-                  str(r["graded"]), str(r["infra_errors"]))
+        c = ci.get((r["checkpoint"], r["harness_name"]))
+        p.add_row(r["checkpoint"], r["harness_name"], f"{r['pass_at_1']:.3f}",
+                  f"[{c[1]:.2f}, {c[2]:.2f}]" if c else "n/a (none graded)", ceiling, f"{r['mismatch']:.3f}",
+                  str(r["graded"]), *([str(r["infra_errors"])] if infra else []))
     console.print(p)
+    contrasts = store.rows(ev["eval_contrasts"])
+    if contrasts:
+        q = Table(title=f"pre-registered contrasts (a - b, paired on tasks; Bonferroni over {len(contrasts)})",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for col in ("contrast", "a - b", "interval", "tasks"):
+            q.add_column(col, no_wrap=True)
+        for c in contrasts:
+            est = "n/a" if c["estimate"] is None else f"{c['estimate']:+.3f}"
+            iv = f"n/a ({c['status']})" if c["ci_low"] is None else f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]"
+            q.add_row(c["name"], est, iv, str(c["n_tasks"]))
+        console.print(q)
+        console.print(reading(contrasts), highlight=False)
+    if cfg.name in NEXT_CONFIG:
+        console.print(f"next: {NEXT_CONFIG[cfg.name]}", highlight=False)
     console.print(f"run folder: {rd.resolve() if isinstance(rd, Path) else rd}")
     console.print(f"report:     {(rd / 'analyze' / 'report.md').resolve() if isinstance(rd, Path) else f'{rd}/analyze/report.md'}")
     console.print(f"total:      {total:.1f} s")
