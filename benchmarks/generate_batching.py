@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._results import report, tiny_model  # noqa: E402
 
-#: react-python prompt lengths (tokens) at turns 1 and 2 of `harnessrl run` on configs/default.yaml
+#: react-python prompt lengths (tokens) at turns 1 and 2 of `harnessrl run` on configs/default.yaml as it
+#: was until 2026-12-06 (arithmetic and GSM8K-style problems): a fixed workload, kept for comparable rows
 DEFAULT_LENGTHS = [
     109, 109, 110, 112, 114, 116, 116, 118, 118, 124, 135, 148, 150, 151, 153, 153, 164, 167, 167, 168,
     178, 179, 230, 243, 259, 259, 764,

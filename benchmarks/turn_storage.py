@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
         tiny = tempfile.TemporaryDirectory(prefix="harnessrl-bench-tiny-")
         args.config = args.config or Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
         args.sets = [f"policy.model={tiny_model(Path(tiny.name) / 'tiny')}",
-                     "policy.engine=hf", "harnesses=[react-python]", "suites=[{name: basic_arithmetic, size: 4}]",
+                     "policy.engine=hf", "harnesses=[react-python]", "evaluate.contrasts=null",
+                     "suites=[{name: basic_arithmetic, size: 4}]",
                      "rollout.samples_per_task=1", "rollout.task_runner=serial", *args.sets]
 
     import pyarrow as pa
