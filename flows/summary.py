@@ -67,12 +67,12 @@ def reading(contrasts: list[dict[str, Any]]) -> str:
     Args:
         contrasts: ``eval_contrasts`` rows (``name``, ``a_checkpoint``, ``a_harness``,
             ``b_checkpoint``, ``b_harness``, ``estimate``, ``ci_low``, ``ci_high``, ``n_tasks``,
-            ``status``, ``reason``).
+            ``status``).
     """
     parts = []
     for c in contrasts:
         if c.get("estimate") is None or c.get("ci_low") is None:
-            parts.append(f"{_what(c)}: n/a ({c.get('reason') or c.get('status')})")
+            parts.append(f"{_what(c)}: n/a ({c.get('status')})")
             continue
         clear = c["ci_low"] > 0 or c["ci_high"] < 0
         parts.append(f"{_what(c)} moved pass@1 by {c['estimate']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], "
@@ -80,5 +80,6 @@ def reading(contrasts: list[dict[str, Any]]) -> str:
                         else f"not resolved from noise at {c['n_tasks']} tasks"))
     if not parts:
         return ""
-    n = max((c.get("n_tasks") or 0) for c in contrasts)
-    return f"On the same {n} held-out tasks, " + "; ".join(parts) + "."
+    ns = {c.get("n_tasks") or 0 for c in contrasts if c.get("estimate") is not None}
+    head = f"On the same {ns.pop()} held-out tasks, " if len(ns) == 1 else "On the held-out tasks each compares, "
+    return head + "; ".join(parts) + "."

@@ -46,3 +46,7 @@ def test_the_reading_says_which_differences_the_evaluation_resolves():
     # an interval below 0 is resolved too
     assert "resolves" in reading([_con("t", ("final", "direct"), ("base", "direct"), -0.3, -0.5, -0.1)])
     assert reading([]) == ""
+    # contrasts over different task sets (a suite each) do not claim "the same" tasks
+    mixed = reading([_con("a", ("final", "direct"), ("base", "direct"), 0.1, 0.0, 0.2, n=40),
+                     _con("b", ("final", "boxed"), ("base", "boxed"), 0.1, 0.0, 0.2, n=12)])
+    assert mixed.startswith("On the held-out tasks each compares, ") and "at 40 tasks" in mixed and "at 12 tasks" in mixed
