@@ -263,3 +263,35 @@ def r2_table(evaluations: list[dict[str, Any]], *, k: int, beta: float | None, r
                         row.update(ci_low=float(lo), ci_high=float(hi), resamples_valid=int(br2.size))
             rows.append(row)
     return rows
+
+
+def rank_correlations(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Spearman's rank correlation of each predictor with each target over :func:`p1_points` rows:
+    the Pearson correlation of their average ranks (pandas ``Series.corr(method="spearman")``;
+    Spearman 1904), over the points where both are defined. A rank correlation asks whether the
+    predictor orders the points as the target does, which R^2 (a straight line) does not.
+
+    Args:
+        points: rows of :func:`p1_points` (``C``, ``C_kl_soft``, ``M``, ``M_step``, ``C_minus_M``,
+            ``C_minus_M_step``, ``gain``, ``trained_return``; floats or None).
+
+    Returns:
+        One row per (target in :data:`TARGETS`, predictor in :data:`PREDICTORS`): ``target``,
+        ``predictor``, ``n_points``, ``rho`` (float in [-1, 1], or None) and ``na_reason``
+        (:func:`na_reason`'s rule: fewer than :data:`MIN_POINTS` points or a constant side; a
+        step predictor with no point says it was not measured).
+    """
+    import pandas as pd
+
+    out = []
+    for target in TARGETS:
+        tkey = "trained_return" if target == "return" else target
+        for p in PREDICTORS:
+            pairs = [(r[p], r[tkey]) for r in points if r.get(p) is not None and r.get(tkey) is not None]
+            x = np.array([a for a, _ in pairs], dtype=np.float64)
+            y = np.array([b for _, b in pairs], dtype=np.float64)
+            why = NOT_MEASURED_STEP if (p in STEP_PREDICTORS and not pairs) else na_reason(x, y)
+            rho = None if why else float(pd.Series(x).corr(pd.Series(y), method="spearman"))
+            out.append({"target": target, "predictor": p, "n_points": len(pairs),
+                        "rho": rho if rho is None or math.isfinite(rho) else None, "na_reason": why})
+    return out

@@ -74,6 +74,11 @@ def md_cell(text: str) -> str:
     return out
 
 
+# P1's predictors as the report's tables name them
+_PREDICTOR_NAMES = {"C": "C", "C_kl_soft": "C_soft", "M": "M", "M_step": "M_step", "C_minus_M": "C - M",
+                    "C_minus_M_step": "C - M_step"}
+
+
 def _f(x: Any, fmt: str = ".3f") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
@@ -324,9 +329,7 @@ def render_report(inp: ReportInputs) -> str:
         out += _table(["checkpoint", "harness", "C", "C_soft", "M", "M_step", "C - M", "C - M_step", "RL gain",
                        "trained return"], rows, "ll" + "r" * 8, keep=2) + [""]
     if inp.predictors:
-        names = {"C": "C", "C_kl_soft": "C_soft", "M": "M", "M_step": "M_step", "C_minus_M": "C - M",
-                 "C_minus_M_step": "C - M_step"}
-        rows = [[r["target"], names.get(r["predictor"], r["predictor"]), str(r["n_points"]),
+        rows = [[r["target"], _PREDICTOR_NAMES.get(r["predictor"], r["predictor"]), str(r["n_points"]),
                  _f(r["r2"]) if not r["na_reason"] else "n/a",
                  f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]" if not r["na_reason"] else "",
                  _f(r["slope"]) if not r["na_reason"] else "", r["na_reason"]] for r in inp.predictors]
@@ -335,6 +338,15 @@ def render_report(inp: ReportInputs) -> str:
                 "5 points, a constant predictor or target, a predictor not measured).", ""]
         out += _table(["target", "predictor", "points", "R^2", "interval", "slope", "n/a because"], rows,
                       "llrrrrl", keep=2) + [""]
+    if inp.p1_points:
+        from tasks.analysis.predictors import rank_correlations
+
+        rows = [[r["target"], _PREDICTOR_NAMES[r["predictor"]], str(r["n_points"]),
+                 _f(r["rho"], "+.3f") if not r["na_reason"] else "n/a", r["na_reason"]]
+                for r in rank_correlations(inp.p1_points)]
+        out += ["Spearman's rank correlation of each predictor with the target over the same points: does the "
+                "predictor order the points as the target does (R^2 above asks for a straight line)?", ""]
+        out += _table(["target", "predictor", "points", "rho", "n/a because"], rows, "llrrl", keep=2) + [""]
     out += _figure(inp, "r2_comparison", "R^2 comparison")
     if inp.log_odds:
         rows = [[r["checkpoint"], r["harness_name"], str(r["n_states"]), str(r["n_pairs"]), _f(r["pearson_policy_ref"]),

@@ -161,3 +161,23 @@ def test_r2_table_rejects_bad_input():
         r2_table(_designed(), k=4, beta=None, level=1.0)
     with pytest.raises(ValueError, match="resamples"):
         r2_table(_designed(), k=4, beta=None, resamples=0)
+
+
+def test_rank_correlations_order_the_points_and_say_na_when_undefined():
+    from tasks.analysis.predictors import rank_correlations
+
+    # C orders the gains exactly but not linearly (rho 1, R^2 < 1); M reverses them; a tie in
+    # C - M takes average ranks; M_step was not measured
+    gains = [0.01, 0.02, 0.10, 0.40, 0.41]
+    pts = [{"C": c, "C_kl_soft": 0.3, "M": -c, "M_step": None, "C_minus_M": cm, "C_minus_M_step": None,
+            "gain": g, "trained_return": 0.2 + g} for c, cm, g in zip([0.1, 0.2, 0.3, 0.9, 5.0], [1, 2, 2, 4, 5], gains)]
+    rows = {(r["target"], r["predictor"]): r for r in rank_correlations(pts)}
+    assert rows[("gain", "C")]["rho"] == pytest.approx(1.0) and rows[("return", "C")]["rho"] == pytest.approx(1.0)
+    assert rows[("gain", "M")]["rho"] == pytest.approx(-1.0)
+    # ranks of C - M: 1, 2.5, 2.5, 4, 5 against 1..5: Pearson of the ranks
+    r = np.array([1, 2.5, 2.5, 4, 5])
+    assert rows[("gain", "C_minus_M")]["rho"] == pytest.approx(np.corrcoef(r, np.arange(1, 6))[0, 1])
+    assert rows[("gain", "C_kl_soft")]["rho"] is None and "predictor constant" in rows[("gain", "C_kl_soft")]["na_reason"]
+    assert rows[("gain", "M_step")]["rho"] is None and "not measured" in rows[("gain", "M_step")]["na_reason"]
+    few = {(r["target"], r["predictor"]): r for r in rank_correlations(pts[:4])}
+    assert few[("gain", "C")]["rho"] is None and "4 point(s)" in few[("gain", "C")]["na_reason"]
