@@ -284,7 +284,8 @@ def _print_summary(rd: Any, result: dict[str, Any], total: float, cfg: Any) -> N
     # compact (simple box, one line per row) so that it fits 80 columns without cutting a name
     from rich import box
 
-    from flows.summary import NEXT_CONFIG, pass_at_1_intervals, reading
+    from flows.summary import NEXT_CONFIG, reading
+    from tasks.evaluate.stats import pass_at_1_intervals
 
     ev = result["evaluate"]["outputs"]
     ci = pass_at_1_intervals(store.rows(ev["evaluations"]), cfg.evaluate.bootstrap_resamples, cfg.evaluate.seed)

@@ -1,5 +1,6 @@
-"""What ``harnessrl run`` prints at the end, beside the stage table: pass@1 per (checkpoint,
-harness) with an interval, the pre-registered contrasts, and one sentence that reads them.
+"""What ``harnessrl run`` prints at the end, beside the stage table: the config to run next and
+one sentence that reads the pre-registered contrasts (the intervals themselves are
+:func:`tasks.evaluate.stats.pass_at_1_intervals` and the ``eval_contrasts`` artifact).
 
 A newcomer's first run should say what its numbers mean: which differences the sealed evaluation
 can tell from noise at its number of test tasks, and which it cannot.
@@ -14,39 +15,6 @@ NEXT_CONFIG = {
     "default": "configs/learn-arith.yaml, where online GRPO moves held-out pass@1 "
                "(.venv/bin/harnessrl run -c configs/learn-arith.yaml)",
 }
-
-
-def pass_at_1_intervals(rows: list[dict[str, Any]], resamples: int, seed: int, level: float = 0.95
-                        ) -> dict[tuple[str, str], tuple[float, float, float, int]]:
-    """Per (checkpoint, harness): ``(pass@1, ci_low, ci_high, n_tasks)`` over the sealed rows'
-    final graded attempts, pass@1 being the mean over tasks of each task's solved share (as
-    :func:`tasks.evaluate.stats.cell_table` computes it) and the interval the percentile bootstrap
-    over tasks at confidence ``level`` (:func:`tasks.evaluate.stats.paired_bootstrap` against 0:
-    tasks resampled, each keeping its attempts). Cells without a graded attempt are left out.
-
-    Args:
-        rows: sealed ``evaluations`` rows (``checkpoint``, ``harness_name``, ``task_id``,
-            ``record_id``, ``attempt``, ``status``, ``resolved``, ``retry``).
-        resamples: bootstrap resamples (>= 1); ``seed``: the resampling seed (the config's).
-
-    Raises:
-        ValueError: ``resamples`` < 1 or ``level`` outside (0, 1) (from paired_bootstrap).
-    """
-    import numpy as np
-
-    from tasks.evaluate.stats import GRADED, final_attempts, paired_bootstrap
-
-    per: dict[tuple[str, str], dict[str, list[bool]]] = {}
-    for r in final_attempts(rows).values():
-        if r["status"] in GRADED:
-            per.setdefault((r["checkpoint"], r["harness_name"]), {}).setdefault(r["task_id"], []).append(
-                bool(r["resolved"]))
-    out = {}
-    for key in sorted(per):
-        shares = np.array([sum(v) / len(v) for _, v in sorted(per[key].items())], dtype=np.float64)
-        est, lo, hi, _ = paired_bootstrap(shares, np.zeros_like(shares), resamples, seed, level)
-        out[key] = (est, lo, hi, len(shares))
-    return out
 
 
 def _what(c: dict[str, Any]) -> str:

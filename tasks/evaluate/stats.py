@@ -201,6 +201,32 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, resamples: int, seed: int, le
     return float(d.mean()), float(lo), float(hi), p
 
 
+def pass_at_1_intervals(rows: list[dict[str, Any]], resamples: int, seed: int, level: float = 0.95
+                        ) -> dict[tuple[str, str], tuple[float, float, float, int]]:
+    """Per (checkpoint, harness): ``(pass@1, ci_low, ci_high, n_tasks)`` over the sealed rows'
+    final graded attempts, pass@1 being the mean over tasks of each task's solved share (as
+    :func:`cell_table` computes it) and the interval the percentile bootstrap
+    over tasks at confidence ``level`` (:func:`paired_bootstrap` against 0:
+    tasks resampled, each keeping its attempts). Cells without a graded attempt are left out.
+
+    Args:
+        rows: sealed ``evaluations`` rows (``checkpoint``, ``harness_name``, ``task_id``,
+            ``record_id``, ``attempt``, ``status``, ``resolved``, ``retry``).
+        resamples: bootstrap resamples (>= 1); ``seed``: the resampling seed (the config's).
+
+    Raises:
+        ValueError: ``resamples`` < 1 or ``level`` outside (0, 1) (from paired_bootstrap).
+    """
+    out = {}
+    for key, per_task in sorted(_per_task(final_attempts(rows)).items()):
+        graded = [[r for r in rs if r["status"] in GRADED] for _, rs in sorted(per_task.items())]
+        shares = np.array([sum(r["resolved"] for r in g) / len(g) for g in graded if g], dtype=np.float64)
+        if shares.size:
+            est, lo, hi, _ = paired_bootstrap(shares, np.zeros_like(shares), resamples, seed, level)
+            out[key] = (est, lo, hi, int(shares.size))
+    return out
+
+
 def min_detectable_difference(sd_diff: float, n: int, alpha: float, m: int, power: float) -> float:
     """Minimum detectable difference of a paired two-sided test at Bonferroni level alpha/m:
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from flows.summary import pass_at_1_intervals, reading
+from flows.summary import reading
+from tasks.evaluate.stats import pass_at_1_intervals
 
 
 def _row(ck, h, task, attempt, resolved, status="resolved", retry=0):
