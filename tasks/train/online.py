@@ -67,6 +67,27 @@ def sync_tolerance(cfg: Any) -> float:
     return SYNC_TOLERANCE["float32" if both32 else "bfloat16"]
 
 
+def cpu_thread_split(n_cores: int, engine_threads: int | None = None) -> tuple[int, int]:
+    """``(engine, trainer)`` thread counts when the engine generates on the CPU while the trainer
+    trains (``train.max_staleness`` > 0): ``engine_threads`` (``policy.torch_threads``) or half
+    the cores, rounded down, for the engine, the rest for the trainer, at least 1 each.
+
+    Both sides otherwise start one OpenMP thread per core, twice as many busy threads as cores;
+    every parallel region then waits on a thread the kernel has descheduled. Measured on 2 cores
+    (P5's off-policy arm, SmolLM2-135M, 80 episodes an iteration): 80-120 s an iteration with
+    2 + 2 threads against 17-21 s with 1 + 1; a strictly on-policy iteration is 15-20 s.
+
+    Raises:
+        ValueError: ``n_cores`` < 1 or ``engine_threads`` < 1.
+    """
+    if n_cores < 1:
+        raise ValueError(f"cpu_thread_split: n_cores must be >= 1, got {n_cores}")
+    if engine_threads is not None and engine_threads < 1:
+        raise ValueError(f"cpu_thread_split: engine_threads must be >= 1, got {engine_threads}")
+    engine = engine_threads or max(1, n_cores // 2)
+    return engine, max(1, n_cores - engine)
+
+
 def probe_sequence(tokenizer: Any) -> TrainSequence:
     """The canary probe as a training sequence: the chat-formatted :data:`PROBE_QUESTION` (the
     harness engine's own prompt format, mask 0) and :data:`PROBE_ANSWER` (mask 1, the scored

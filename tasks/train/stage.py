@@ -200,7 +200,9 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
       :data:`tasks.config.engines.ENGINES`: ``vllm``): one engine started on the base model for
       the whole run, the trainer's merged weights loaded into it in place after each batch
       (:class:`tasks.train.online.EngineSampler`, with the sync canary), generation on a background
-      thread so that the sampler can run ahead (``train.max_staleness``);
+      thread so that the sampler can run ahead (``train.max_staleness``); when it can, on the CPU,
+      the cores are split between the engine and the trainer until release
+      (:func:`tasks.train.online.cpu_thread_split`);
     - an engine built in process (``online: in_process``: ``hf``): the trainer's adapter merged
       into a fresh copy in ``policy.rollout_dtype`` each iteration, wrapped by the engine class's
       ``from_model``, sampled in this thread.
@@ -221,13 +223,16 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
     records = [r for r in store.rows(inputs["records"]) if r["split"] == "train" and r["task_hash"] not in test
                and (tc.harnesses is None or r["harness_name"] in tc.harnesses)]
 
+    # the engine samples while the trainer trains: on the CPU the cores are split between them
+    engine_cfg, run_cfg, restore_threads = _cpu_thread_split(cfg) if tc.max_staleness > 0 else (cfg, cfg, lambda: None)
+
     def pid(version: int) -> str:
         return f"{base_id}+{arm}+online-v{version}" if arm is not None else f"{base_id}+online-v{version}"
 
     def batch(policy: Any, iteration: int, version: int) -> SampledBatch:
         chosen = set(tasks_for_iteration([r["task_id"] for r in records], tc.prompts_per_step, iteration,
                                          seed_from(cfg.seed, "online-tasks")))
-        eps, turns = run_records(policy, cfg, specs, tasks, [r for r in records if r["task_id"] in chosen],
+        eps, turns = run_records(policy, run_cfg, specs, tasks, [r for r in records if r["task_id"] in chosen],
                                  cfg.rollout.samples_per_task, seed_from(cfg.seed, "online", iteration),
                                  f"online:{iteration}")
         rows = episode_rows(eps, pid(version), version)
@@ -241,7 +246,11 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
         from tasks.rollout.engines import load_policy
         from tasks.train.online import EngineSampler, sync_tolerance
 
-        engine = load_policy(cfg)
+        try:
+            engine = load_policy(engine_cfg)
+        except BaseException:
+            restore_threads()
+            raise
 
         def on_engine(policy: Any, iteration: int, version: int) -> SampledBatch:
             policy.policy_id = pid(version)  # the weights it holds now, not the base model it started with
@@ -251,8 +260,11 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
                                 log=log.info)
 
         def release() -> None:
-            sampler.close()
-            engine.close()
+            try:
+                sampler.close()
+                engine.close()
+            finally:
+                restore_threads()
 
         return sampler, release
 
@@ -266,3 +278,32 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
         return batch(policy, iteration, trainer.version)
 
     return in_process, lambda: None
+
+
+def _cpu_thread_split(cfg: RunConfig) -> tuple[RunConfig, RunConfig, Callable[[], None]]:
+    """For an engine that generates on the CPU while the trainer trains: the engine's config (its
+    ``policy.torch_threads``), the config the sampler's episodes run with (this process's torch
+    threads: the trainer's) and a function that restores this process's thread count. The split:
+    :func:`tasks.train.online.cpu_thread_split` of the cores this process may run on. This
+    process's torch threads are set to the trainer's share now. On CUDA, or for an engine built in
+    process, nothing changes."""
+    import os
+
+    import torch
+
+    from tasks.config.engines import engine_entry
+    from tasks.train.online import cpu_thread_split
+
+    if cfg.policy.device != "cpu" or engine_entry(cfg.policy.engine).online != "in_place":
+        return cfg, cfg, lambda: None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n_engine, n_trainer = cpu_thread_split(cores, cfg.policy.torch_threads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(n_trainer)
+    log.info("train: the engine samples while the trainer trains, on %d CPU core(s): engine %d thread(s), trainer %d",
+             cores, n_engine, n_trainer)
+
+    def with_threads(n: int) -> RunConfig:
+        return cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"torch_threads": n})})
+
+    return with_threads(n_engine), with_threads(n_trainer), lambda: torch.set_num_threads(before)

@@ -309,3 +309,64 @@ def test_online_sampling_of_an_arm_restricted_to_one_harness(monkeypatch):
         sample, _release = _online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", None)
         sample(FakeTrainer(), 0)
         assert [r["harness_name"] for r in seen[-1]] == want
+
+
+def test_cpu_thread_split_gives_each_side_its_own_cores():
+    from tasks.train.online import cpu_thread_split
+
+    assert cpu_thread_split(2) == (1, 1)
+    assert cpu_thread_split(16) == (8, 8)
+    assert cpu_thread_split(3) == (1, 2)
+    assert cpu_thread_split(1) == (1, 1)  # one core: both sides keep one thread each, never zero
+    assert cpu_thread_split(16, engine_threads=3) == (3, 13)  # policy.torch_threads sets the engine's share
+    assert cpu_thread_split(2, engine_threads=4) == (4, 1)
+    with pytest.raises(ValueError, match="n_cores must be >= 1, got 0"):
+        cpu_thread_split(0)
+    with pytest.raises(ValueError, match="engine_threads must be >= 1, got 0"):
+        cpu_thread_split(4, engine_threads=0)
+
+
+@pytest.mark.parametrize("staleness,device", [(2, "cpu"), (0, "cpu"), (2, "cuda")])
+def test_an_engine_sampling_beside_the_trainer_on_the_cpu_gets_its_own_threads(monkeypatch, staleness, device):
+    """Off-policy on the CPU (max_staleness > 0), the vLLM engine is started with half the cores
+    (policy.torch_threads, its OMP_NUM_THREADS) and the trainer keeps the rest until release;
+    strictly on-policy (the engine idles while the trainer trains) or on CUDA nothing changes."""
+    import os
+
+    import tasks.rollout.engines as engines
+    import tasks.train.online as online_mod
+    from tasks.train.stage import _online_sampler
+
+    started = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)))
+
+    class Sampler:
+        def __init__(self, engine, sample, **kw):
+            pass
+
+        def close(self):
+            pass
+
+    class Engine:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(online_mod, "EngineSampler", Sampler)
+    monkeypatch.setattr(engines, "load_policy", lambda cfg, adapter_dir=None: (started.append(cfg), Engine())[1])
+
+    class Store:
+        def rows(self, ref):
+            return []
+
+    cfg = _cfg(policy={"engine": "vllm", "device": device},
+               train={"mode": "online", "steps": 1, "max_staleness": staleness})
+    before = torch.get_num_threads()
+    try:
+        _sampler, release = _online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", None)
+        split = staleness > 0 and device == "cpu"
+        assert started[-1].policy.torch_threads == (3 if split else None)
+        assert torch.get_num_threads() == (3 if split else before) and before != 3
+        release()
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)
