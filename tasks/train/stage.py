@@ -223,8 +223,7 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
     records = [r for r in store.rows(inputs["records"]) if r["split"] == "train" and r["task_hash"] not in test
                and (tc.harnesses is None or r["harness_name"] in tc.harnesses)]
 
-    # the engine samples while the trainer trains: on the CPU the cores are split between them
-    engine_cfg, run_cfg, restore_threads = _cpu_thread_split(cfg) if tc.max_staleness > 0 else (cfg, cfg, lambda: None)
+    run_cfg = cfg  # the config the episodes run with (an in-place engine beside the trainer: its threads)
 
     def pid(version: int) -> str:
         return f"{base_id}+{arm}+online-v{version}" if arm is not None else f"{base_id}+online-v{version}"
@@ -246,6 +245,9 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
         from tasks.rollout.engines import load_policy
         from tasks.train.online import EngineSampler, sync_tolerance
 
+        # the engine samples while the trainer trains: on the CPU the cores are split between them
+        engine_cfg, run_cfg, restore_threads = (_cpu_thread_split(cfg) if tc.max_staleness > 0 and cfg.policy.device == "cpu"
+                                                else (cfg, cfg, lambda: None))
         try:
             engine = load_policy(engine_cfg)
         except BaseException:
@@ -281,21 +283,17 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
 
 
 def _cpu_thread_split(cfg: RunConfig) -> tuple[RunConfig, RunConfig, Callable[[], None]]:
-    """For an engine that generates on the CPU while the trainer trains: the engine's config (its
-    ``policy.torch_threads``), the config the sampler's episodes run with (this process's torch
-    threads: the trainer's) and a function that restores this process's thread count. The split:
-    :func:`tasks.train.online.cpu_thread_split` of the cores this process may run on. This
-    process's torch threads are set to the trainer's share now. On CUDA, or for an engine built in
-    process, nothing changes."""
+    """For an in-place engine that generates on the CPU while the trainer trains: the engine's
+    config (its ``policy.torch_threads``), the config the sampler's episodes run with (this
+    process's torch threads: the trainer's) and a function that restores this process's thread
+    count. The split: :func:`tasks.train.online.cpu_thread_split` of the cores this process may
+    run on. This process's torch threads are set to the trainer's share now."""
     import os
 
     import torch
 
-    from tasks.config.engines import engine_entry
     from tasks.train.online import cpu_thread_split
 
-    if cfg.policy.device != "cpu" or engine_entry(cfg.policy.engine).online != "in_place":
-        return cfg, cfg, lambda: None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n_engine, n_trainer = cpu_thread_split(cores, cfg.policy.torch_threads)
     before = torch.get_num_threads()

@@ -326,11 +326,13 @@ def test_cpu_thread_split_gives_each_side_its_own_cores():
         cpu_thread_split(4, engine_threads=0)
 
 
-@pytest.mark.parametrize("staleness,device", [(2, "cpu"), (0, "cpu"), (2, "cuda")])
-def test_an_engine_sampling_beside_the_trainer_on_the_cpu_gets_its_own_threads(monkeypatch, staleness, device):
+@pytest.mark.parametrize("staleness,device,engine", [(2, "cpu", "vllm"), (0, "cpu", "vllm"), (2, "cuda", "vllm"),
+                                                     (2, "cpu", "hf")])
+def test_an_engine_sampling_beside_the_trainer_on_the_cpu_gets_its_own_threads(monkeypatch, staleness, device, engine):
     """Off-policy on the CPU (max_staleness > 0), the vLLM engine is started with half the cores
     (policy.torch_threads, its OMP_NUM_THREADS) and the trainer keeps the rest until release;
-    strictly on-policy (the engine idles while the trainer trains) or on CUDA nothing changes."""
+    strictly on-policy (the engine idles while the trainer trains), on CUDA, or with an engine built
+    in process (hf: it samples in the trainer's thread, never beside it) nothing changes."""
     import os
 
     import tasks.rollout.engines as engines
@@ -358,13 +360,13 @@ def test_an_engine_sampling_beside_the_trainer_on_the_cpu_gets_its_own_threads(m
         def rows(self, ref):
             return []
 
-    cfg = _cfg(policy={"engine": "vllm", "device": device},
+    cfg = _cfg(policy={"engine": engine, "device": device},
                train={"mode": "online", "steps": 1, "max_staleness": staleness})
     before = torch.get_num_threads()
     try:
         _sampler, release = _online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", None)
-        split = staleness > 0 and device == "cpu"
-        assert started[-1].policy.torch_threads == (3 if split else None)
+        split = staleness > 0 and device == "cpu" and engine == "vllm"
+        assert [c.policy.torch_threads for c in started] == ([3] if split else [None] if engine == "vllm" else [])
         assert torch.get_num_threads() == (3 if split else before) and before != 3
         release()
         assert torch.get_num_threads() == before
