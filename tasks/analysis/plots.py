@@ -265,6 +265,7 @@ def steps_plot(rows: list[dict[str, Any]]) -> bytes | None:
         left = [a + b for a, b in zip(left, share)]
     a2.set_xlim(0, 1.0)
     a2.set_xlabel("share of failed attempts")
-    a2.legend(fontsize=7, loc="lower right")
+    # outside the axes, on the right: inside, it hid the bottom rows' bars
+    a2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.suptitle("P6: agent steps and how failed attempts ended", fontsize=9)
     return _png(fig)
