@@ -247,7 +247,8 @@ def steps_plot(rows: list[dict[str, Any]]) -> bytes | None:
     rows = sorted(rows, key=lambda r: (r["harness_name"], r["checkpoint"]))
     labels = [f"{r['harness_name']}: {r['checkpoint']}" for r in rows]
     y = list(range(len(rows)))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 1.2 + 0.32 * len(rows)), sharey=True)
+    height = 1.2 + 0.32 * len(rows)  # inches
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, height), sharey=True)
     for off, col, name, color in ((-0.2, "mean_turns_solved", "solved", "#55a868"),
                                   (0.2, "mean_turns_failed", "failed", "#c44e52")):
         a1.barh([v + off for v in y], [r[col] if _finite(r[col]) else 0.0 for r in rows], height=0.4, color=color,
@@ -255,7 +256,8 @@ def steps_plot(rows: list[dict[str, Any]]) -> bytes | None:
     a1.set_yticks(y, labels, fontsize=7)
     a1.invert_yaxis()
     a1.set_xlabel("mean agent steps (turns)")
-    a1.legend(fontsize=7)
+    # the legends sit outside the axes: inside, they hid bars that reach the axes' edge
+    a1.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
     left = [0.0] * len(rows)
     ends = [("failed_submitted", "wrong answer"), ("failed_max_turns", "turn limit"),
             ("failed_max_tokens", "token limit"), ("failed_format_error", "no answer"), ("failed_timeout", "timeout")]
@@ -265,7 +267,6 @@ def steps_plot(rows: list[dict[str, Any]]) -> bytes | None:
         left = [a + b for a, b in zip(left, share)]
     a2.set_xlim(0, 1.0)
     a2.set_xlabel("share of failed attempts")
-    # outside the axes, on the right: inside, it hid the bottom rows' bars
     a2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.suptitle("P6: agent steps and how failed attempts ended", fontsize=9)
+    fig.suptitle("P6: agent steps and how failed attempts ended", fontsize=9, y=1.0 + 0.3 / height)
     return _png(fig)
