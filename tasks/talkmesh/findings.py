@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tasks.hashing import seed_from
+from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the talkmesh_* contracts it reads)
 
 MEASURE = "mesh_minus_majority_at_k"
 UNSEALED_REASON = ("harnessrl talkmesh writes content-hashed artifacts, not the evaluate stage's hash-chained, "

@@ -320,3 +320,18 @@ def test_pick_problems_keeps_one_task_per_problem():
     assert [p.problem_id for p in pick_problems(tasks, "test", 2, distinct=True)] == ["ta", "tb"]
     with pytest.raises(ValueError, match="3 test problems wanted but the frozen test split has 2 distinct problems"):
         pick_problems(tasks, "test", 3, distinct=True)
+
+
+def test_published_rows_module_registers_the_contracts_it_reads():
+    """`harnessrl findings` imports only tasks.talkmesh.findings before reading the run's
+    talkmesh_calibration table; in a fresh interpreter that import alone must register it (the
+    findings run of talkmesh-findings failed with 'no artifact contract named ...' without it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import tasks.talkmesh.findings; from schemas.contracts import get_contract; "
+            "[get_contract(n) for n in ('talkmesh_calibration', 'talkmesh_findings', 'talkmesh_summary')]")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
