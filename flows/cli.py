@@ -355,9 +355,21 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
         except ValueError as e:
             typer.secho(f"--public-key={str(public_key)!r}: not an Ed25519 public key in PEM ({e})", fg="red", err=True)
             raise typer.Exit(2)
+    from tasks.talkmesh.seal import PLAN as TALKMESH_PLAN
+
+    talkmesh = (run_dir / TALKMESH_PLAN).is_file() and not (run_dir / "evaluate").is_dir()
+    if talkmesh and (witness or findings_file is not None):
+        typer.secho(f"{'--witness' if witness else '--findings'}: not built for a TalkMesh run (harnessrl talkmesh "
+                    "records no witness and its findings rows are checked by harnessrl findings)", fg="red", err=True)
+        raise typer.Exit(2)
     try:
-        rep = verify_run(ArtifactStore(run_dir), public_key=expected)
-        check_inspect_logs(str(run_dir), strict=True)  # the Inspect logs against the sealed rows (SealError)
+        if talkmesh:  # harnessrl talkmesh's own seal: plan, chain, signatures, the findings recomputed
+            from tasks.talkmesh.seal import verify_talkmesh
+
+            rep = verify_talkmesh(ArtifactStore(run_dir), public_key=expected)
+        else:
+            rep = verify_run(ArtifactStore(run_dir), public_key=expected)
+            check_inspect_logs(str(run_dir), strict=True)  # the Inspect logs against the sealed rows (SealError)
         if witness:
             from tasks.evaluate.witness import check_witness
 
@@ -393,9 +405,9 @@ def findings(
 ) -> None:
     """Verify a finished run and print its findings as JSON rows (paper, headline, estimate, interval,
     verdict, control, config hash, commit, signing key, wall time); --append adds them to a file and
-    copies the run's figures to docs/img/findings/ for the findings page. A `harnessrl talkmesh`
-    config (P3) has no sealed evaluation to verify: its pre-registered findings are printed as rows
-    marked sealed: false, with the accuracy-vs-outputs figure.
+    copies the run's figures to docs/img/findings/ for the findings page. For a `harnessrl talkmesh`
+    config (P3) the run's own seal is verified and its pre-registered findings printed, with the
+    accuracy-vs-outputs figure.
     Exit 1: the run does not verify; 2: no such run, or its plan names no findings."""
     import json
     import subprocess
@@ -465,11 +477,12 @@ def _is_talkmesh_config(config: Path) -> bool:
 
 def _talkmesh_findings(config: Path, run_dir: Optional[Path], set_: list[str], quick: bool,
                        append: Optional[Path]) -> None:
-    """``harnessrl findings`` for a ``harnessrl talkmesh`` run: its pre-registered findings as rows
-    marked ``sealed: false`` (:func:`tasks.talkmesh.findings.published_rows`: the run has no signed
-    hash chain for ``harnessrl verify`` to check); with ``append``, the rows go to that file and the
-    accuracy-vs-outputs figure to docs/img/findings/. Exit 2: no such run, another config's run, or
-    no findings table."""
+    """``harnessrl findings`` for a ``harnessrl talkmesh`` run: the run's seal verified
+    (:func:`tasks.talkmesh.seal.verify_talkmesh`), then its pre-registered findings as rows with the
+    signer's fingerprint (:func:`tasks.talkmesh.findings.published_rows`); a run made before TalkMesh
+    runs were sealed (no ``talkmesh/plan.json``) gives rows marked ``sealed: false``. With
+    ``append``, the rows go to that file and the accuracy-vs-outputs figure to docs/img/findings/.
+    Exit 1: the seal does not verify; 2: no such run, another config's run, or no findings table."""
     import json
     import shutil
     import subprocess
@@ -497,15 +510,29 @@ def _talkmesh_findings(config: Path, run_dir: Optional[Path], set_: list[str], q
         typer.secho(f"NOT THIS RUN: {rd}: its tables were made with another config than {config} (pass the same "
                     "--set and --quick as the run)", fg="red", err=True)
         raise typer.Exit(2)
+    from tasks.talkmesh.seal import PLAN as TALKMESH_PLAN, verify_talkmesh
+
+    fp = None
+    if store.exists(TALKMESH_PLAN):  # sealed: the rows are published only once the run verifies
+        from tasks.evaluate.seal import SealError
+
+        try:
+            fp = verify_talkmesh(store).fingerprint
+        except SealError as e:
+            typer.secho(f"VERIFY FAILED: {rd}: {e}", fg="red", err=True)
+            raise typer.Exit(1)
     freeze = store.read_json(f"{STATE_DIR}/freeze.json") if store.exists(f"{STATE_DIR}/freeze.json") else {}
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = published_rows(store, config=str(config) + (" --quick" if quick else ""), config_hash=cfg.config_hash(),
-                          commit=commit or "unknown", freeze_seconds=freeze.get("compute_seconds"))
+                          commit=commit or "unknown", freeze_seconds=freeze.get("compute_seconds"), key_fingerprint=fp)
     lines = [json.dumps(r, sort_keys=True) for r in rows]
     for line in lines:
         typer.echo(line)
-    typer.secho("not sealed: harnessrl talkmesh writes no signed hash chain, so harnessrl verify cannot recompute "
-                "these rows (each says sealed: false)", fg="yellow", err=True)
+    if fp is None:
+        typer.secho("not sealed: this run has no talkmesh/plan.json (made before harnessrl talkmesh sealed its runs), "
+                    "so harnessrl verify cannot recompute these rows (each says sealed: false)", fg="yellow", err=True)
+    else:
+        typer.echo(f"verified: the sealed rows recompute the findings table; signed by {fp}")
     if append is not None:
         with append.open("a") as fh:
             fh.write("".join(line + "\n" for line in lines))

@@ -295,8 +295,8 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
         "claim, and the verdict by the rule fixed before the run ([how verdicts are decided](experiments/"
         "findings-rules.md)). A row is written only from a run that `harnessrl verify` accepts, and "
         "`harnessrl verify RUN --findings benchmarks/results/findings.jsonl` recomputes its numbers; a verdict "
-        "marked *not sealed* comes from an application run without a signed hash chain (P3's `harnessrl "
-        "talkmesh`), whose numbers no `harnessrl verify` can recompute.",
+        "marked *not sealed* comes from a run without a signed hash chain (a `harnessrl talkmesh` run made "
+        "before those runs were sealed), whose numbers no `harnessrl verify` can recompute.",
         "",
         "```bash",
         ".venv/bin/harnessrl run -c configs/p4-findings.yaml          # about the time in the wall column",

@@ -85,20 +85,11 @@ def verify_chain(plan: dict[str, Any], recorded_plan_hash: str, rows: list[dict[
     expected_cells = {(rec["record_id"], ck["name"], rec["harness_name"], a)
                       for rec in plan["records"] for ck in plan["checkpoints"] for a in range(plan["attempts"])}
     max_retries = int(plan.get("infra_retries", 0))
-    prev = ph
+    head = check_links(rows, ph, lambda row: f"eval_id={str(row.get('eval_id'))[:12]}")
     seen = set()
     by_try: dict[tuple, dict[str, Any]] = {}  # (cell, retry) -> row
     for i, row in enumerate(rows):
         where = f"row {i} (seq={row.get('seq')}, eval_id={str(row.get('eval_id'))[:12]})"
-        if row.get("seq") != i:
-            raise SealError(f"{where}: seq is {row.get('seq')}, expected {i} (rows dropped, added or reordered)")
-        if row.get("plan_hash") != ph:
-            raise SealError(f"{where}: plan_hash differs from the plan")
-        if row.get("prev_hash") != prev:
-            raise SealError(f"{where}: prev_hash does not chain to the row before (rows dropped, added or reordered)")
-        want = sha256_json([prev, _payload(row)])
-        if row.get("seal_hash") != want:
-            raise SealError(f"{where}: seal_hash does not match its contents (a value was changed)")
         cell = (row["record_id"], row["checkpoint"], row["harness_name"], row["attempt"])
         if cell not in expected_cells:
             raise SealError(f"{where}: attempt {cell} is not in the plan")
@@ -116,7 +107,6 @@ def verify_chain(plan: dict[str, Any], recorded_plan_hash: str, rows: list[dict[
             raise SealError(f"{where}: attempt {cell} (retry {retry}) appears twice")
         by_try[(cell, retry)] = row
         seen.add(cell)
-        prev = row["seal_hash"]
     missing = expected_cells - seen
     if missing:
         raise SealError(f"{len(missing)} planned attempt(s) have no row, e.g. {sorted(missing)[0]}")
@@ -124,4 +114,42 @@ def verify_chain(plan: dict[str, Any], recorded_plan_hash: str, rows: list[dict[
         if row.get("status") == "infra_error" and retry < max_retries and (cell, retry + 1) not in by_try:
             raise SealError(f"attempt {cell}: infra_error at retry {retry} but the plan's infra_retries={max_retries} "
                             "retry row is missing")
-    return VerifyReport(plan_hash=ph, rows=len(rows), head=prev)
+    return VerifyReport(plan_hash=ph, rows=len(rows), head=head)
+
+
+def check_links(rows: list[dict[str, Any]], p_hash: str, name: Callable[[dict[str, Any]], str]) -> str:
+    """Walk a chain made by :func:`seal_rows`: each row's ``seq``, ``plan_hash``, ``prev_hash``
+    and ``seal_hash`` recomputed from the rows in file order; returns the head (the last row's
+    ``seal_hash``, ``p_hash`` when there is no row). ``name(row)`` labels a row in messages.
+
+    Raises:
+        SealError: naming the first row that was dropped, added, reordered or changed.
+    """
+    prev = p_hash
+    for i, row in enumerate(rows):
+        where = f"row {i} (seq={row.get('seq')}, {name(row)})"
+        if row.get("seq") != i:
+            raise SealError(f"{where}: seq is {row.get('seq')}, expected {i} (rows dropped, added or reordered)")
+        if row.get("plan_hash") != p_hash:
+            raise SealError(f"{where}: plan_hash differs from the plan")
+        if row.get("prev_hash") != prev:
+            raise SealError(f"{where}: prev_hash does not chain to the row before (rows dropped, added or reordered)")
+        if row.get("seal_hash") != sha256_json([prev, _payload(row)]):
+            raise SealError(f"{where}: seal_hash does not match its contents (a value was changed)")
+        prev = row["seal_hash"]
+    return prev
+
+
+def check_recomputed(path: str, got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    """A table as read from ``path`` against the same table recomputed from sealed rows, row by
+    row and value for value.
+
+    Raises:
+        SealError: another row count, or the first row and column that differ.
+    """
+    if len(got) != len(expected):
+        raise SealError(f"{path}: {len(got)} rows, recomputed {len(expected)}")
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if g != e:
+            col = next((k for k in e if g.get(k) != e[k]), next(iter(set(g) ^ set(e)), "?"))
+            raise SealError(f"{path} row {i}: {col}={g.get(col)!r}, recomputed {e.get(col)!r}")

@@ -35,7 +35,14 @@ PUBLIC_KEY = "evaluate/signing.pub"
 PLAN_SIG = "evaluate/plan.sig"
 HEAD_SIG = "evaluate/head.sig"
 PREREG_SIG = "freeze/preregistration.sig"
-_CONTEXT = {PLAN_SIG: b"harnessrl-plan:", HEAD_SIG: b"harnessrl-head:", PREREG_SIG: b"harnessrl-prereg:"}
+# a TalkMesh run (``harnessrl talkmesh``) seals its own plan and rows (tasks.talkmesh.seal)
+TALKMESH_PUBLIC_KEY = "talkmesh/signing.pub"
+TALKMESH_PLAN_SIG = "talkmesh/plan.sig"
+TALKMESH_HEAD_SIG = "talkmesh/head.sig"
+_CONTEXT = {PLAN_SIG: b"harnessrl-plan:", HEAD_SIG: b"harnessrl-head:", PREREG_SIG: b"harnessrl-prereg:",
+            TALKMESH_PLAN_SIG: b"harnessrl-talkmesh-plan:", TALKMESH_HEAD_SIG: b"harnessrl-talkmesh-head:"}
+# the public key that a signature file's run carries beside it
+_KEY_OF = {TALKMESH_PLAN_SIG: TALKMESH_PUBLIC_KEY, TALKMESH_HEAD_SIG: TALKMESH_PUBLIC_KEY}
 
 
 def key_path() -> Path:
@@ -101,51 +108,57 @@ def fingerprint(pem: bytes) -> str:
 
 
 def sign(store: "ArtifactStore", which: str, value: str, key: "Ed25519PrivateKey") -> str:
-    """Sign ``value`` (a hex hash) as ``which`` (:data:`PLAN_SIG` or :data:`HEAD_SIG`), writing
-    the signature file and ``evaluate/signing.pub``; returns the key's fingerprint."""
+    """Sign ``value`` (a hex hash) as ``which`` (:data:`PLAN_SIG`, :data:`HEAD_SIG`,
+    :data:`PREREG_SIG`, or a TalkMesh run's :data:`TALKMESH_PLAN_SIG` / :data:`TALKMESH_HEAD_SIG`),
+    writing the signature file and the public key beside it (``evaluate/signing.pub``, or
+    ``talkmesh/signing.pub`` for the TalkMesh files); returns the key's fingerprint."""
     pem = public_pem(key)
     fp = fingerprint(pem)
-    store.write_bytes(PUBLIC_KEY, pem)
+    store.write_bytes(_KEY_OF.get(which, PUBLIC_KEY), pem)
     sig = key.sign(_CONTEXT[which] + value.encode("ascii"))
     store.write_text(which, json.dumps({"hash": value, "fingerprint": fp,
                                         "signature": base64.b64encode(sig).decode("ascii")}, sort_keys=True) + "\n")
     return fp
 
 
-def check_signatures(store: "ArtifactStore", plan_hash: str, head: str, expected_pem: bytes | None) -> str:
+def check_signatures(store: "ArtifactStore", plan_hash: str, head: str, expected_pem: bytes | None,
+                     sigs: tuple[str, str] = (PLAN_SIG, HEAD_SIG)) -> str:
     """Check ``plan.sig`` over ``plan_hash`` and ``head.sig`` over ``head`` with the run's public
     key, which must equal ``expected_pem`` when given. Returns the fingerprint of the key used.
+    ``sigs``: the (plan, head) signature files; a TalkMesh run's are
+    ``(TALKMESH_PLAN_SIG, TALKMESH_HEAD_SIG)``, checked with ``talkmesh/signing.pub``.
 
     Raises:
         SealError: a signature file or the public key is missing or malformed; the run's key is
             not the expected one; a signature does not verify, or signs another hash (the message
             names the file).
     """
-    pem = _run_public_key(store)
-    fp = _fingerprint_of(pem)
+    key_file = _KEY_OF.get(sigs[0], PUBLIC_KEY)
+    pem = _run_public_key(store, key_file)
+    fp = _fingerprint_of(pem, key_file)
     if expected_pem is not None:
         want = fingerprint(expected_pem)
         if fp != want:
-            raise SealError(f"{PUBLIC_KEY}: key {fp[:23]}... is not the expected key {want[:23]}... (the run was "
+            raise SealError(f"{key_file}: key {fp[:23]}... is not the expected key {want[:23]}... (the run was "
                             "signed, or re-signed, by someone else)")
-    for which, value in ((PLAN_SIG, plan_hash), (HEAD_SIG, head)):
+    for which, value in zip(sigs, (plan_hash, head)):
         check_signature(store, which, value, pem)
     return fp
 
 
-def _run_public_key(store: "ArtifactStore") -> bytes:
-    """The run's ``evaluate/signing.pub`` (PEM). Raises SealError when it is missing."""
-    if not store.exists(PUBLIC_KEY):
-        raise SealError(f"{PUBLIC_KEY}: missing (a signed run carries its public key)")
-    return store.read_bytes(PUBLIC_KEY)
+def _run_public_key(store: "ArtifactStore", key_file: str = PUBLIC_KEY) -> bytes:
+    """The run's public key (PEM) at ``key_file``. Raises SealError when it is missing."""
+    if not store.exists(key_file):
+        raise SealError(f"{key_file}: missing (a signed run carries its public key)")
+    return store.read_bytes(key_file)
 
 
-def _fingerprint_of(pem: bytes) -> str:
+def _fingerprint_of(pem: bytes, key_file: str = PUBLIC_KEY) -> str:
     """:func:`fingerprint` with a malformed key reported as a SealError naming the file."""
     try:
         return fingerprint(pem)
     except ValueError as e:
-        raise SealError(f"{PUBLIC_KEY}: {e}") from None
+        raise SealError(f"{key_file}: {e}") from None
 
 
 def check_signature(store: "ArtifactStore", which: str, value: str, pem: bytes | None = None) -> None:
@@ -159,9 +172,10 @@ def check_signature(store: "ArtifactStore", which: str, value: str, pem: bytes |
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import serialization
 
+    key_file = _KEY_OF.get(which, PUBLIC_KEY)
     if pem is None:
-        pem = _run_public_key(store)
-    fp = _fingerprint_of(pem)
+        pem = _run_public_key(store, key_file)
+    fp = _fingerprint_of(pem, key_file)
     pub = serialization.load_pem_public_key(pem)
     if not store.exists(which):
         raise SealError(f"{which}: missing (the run signs it)")
@@ -175,4 +189,4 @@ def check_signature(store: "ArtifactStore", which: str, value: str, pem: bytes |
     try:
         pub.verify(sig, _CONTEXT[which] + value.encode("ascii"))
     except InvalidSignature:
-        raise SealError(f"{which}: the signature does not verify with {PUBLIC_KEY} ({fp[:23]}...)") from None
+        raise SealError(f"{which}: the signature does not verify with {key_file} ({fp[:23]}...)") from None

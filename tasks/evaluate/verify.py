@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import ArtifactError, ArtifactStore
-from tasks.evaluate.seal import SealError, VerifyReport, verify_chain
+from tasks.evaluate.seal import SealError, VerifyReport, check_recomputed, verify_chain
 from tasks.evaluate.prereg import check_preregistration
 from tasks.evaluate.signing import check_signatures
 from tasks.hashing import sha256_dir
@@ -91,12 +91,7 @@ def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[st
             got = store.raw_rows("evaluate", name)
         except ArtifactError as e:
             raise SealError(f"evaluate/{name}.parquet: {e}") from None
-        if len(got) != len(expected):
-            raise SealError(f"evaluate/{name}.parquet: {len(got)} rows, recomputed {len(expected)}")
-        for i, (g, e) in enumerate(zip(got, expected)):
-            if g != e:
-                col = next((k for k in e if g.get(k) != e[k]), next(iter(set(g) ^ set(e)), "?"))
-                raise SealError(f"evaluate/{name}.parquet row {i}: {col}={g.get(col)!r}, recomputed {e.get(col)!r}")
+        check_recomputed(f"evaluate/{name}.parquet", got, expected)
 
 
 def _verify_exports(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:

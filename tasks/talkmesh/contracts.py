@@ -123,6 +123,20 @@ TALKMESH_FINDINGS = register_contract(Contract(
                                                                          "inconclusive"])],
     "P3 pre-registered findings (talkmesh.findings, tasks.talkmesh.findings.finding_table): the mesh of `agents` "
     "agents minus majority vote over k samples, per test problem, averaged; paired problem-bootstrap interval at "
-    "`level` (Bonferroni over the run's findings); verdict by the rule of docs/experiments/findings-rules.md. Not "
-    "sealed: written by harnessrl talkmesh, not by the evaluate stage.",
+    "`level` (Bonferroni over the run's findings); verdict by the rule of docs/experiments/findings-rules.md. "
+    "harnessrl verify recomputes it from the sealed rows (talkmesh_sealed).",
+))
+
+TALKMESH_SEALED = register_contract(Contract(
+    "talkmesh_sealed", 1,
+    _s(("seq", pa.int64()), ("kind", pa.string()), ("condition", pa.string()), ("repeat", pa.int32()),
+       ("problem_id", pa.string()), ("sample", pa.int32()), ("answer", pa.string()), ("correct", pa.bool_()),
+       ("confidence", pa.float64()), ("outputs_spent", pa.float64()), ("path", pa.string()),
+       ("sha256", pa.string()), ("plan_hash", pa.string()), ("prev_hash", pa.string()), ("seal_hash", pa.string())),
+    [("unique", "seq"), ("unique", "seal_hash"), ("in_set", "kind", ["proposal", "state", "mesh"]),
+     ("not_null", "plan_hash"), ("not_null", "prev_hash")],
+    "P3 sealed results (tasks.talkmesh.seal), hash-chained to the plan committed before the first test sample: "
+    "kind proposal, one row per (test problem, sample) with the graded answer and the confidence head's score; "
+    "kind state, the talk adapter the trained meshes ran with (path, SHA-256 of its files); kind mesh, one row per "
+    "(condition, repeat, test problem) with the mesh's answer, grade and outputs spent.",
 ))

@@ -13,10 +13,11 @@ intervals, the mesh against majority@k, the verdict, and the rows for
   run's m findings), seed ``seed_from(seed, "finding", name)``; the verdict is
   :func:`tasks.evaluate.findings.verdict`, the rule of docs/experiments/findings-rules.md, fixed in
   the config before the run.
-- **Not sealed**: ``harnessrl talkmesh`` writes content-hashed artifacts with the config's hash,
-  but not the evaluate stage's hash-chained, signed rows, so ``harnessrl verify`` cannot
-  recompute these numbers. :func:`published_rows` says so in every row (``sealed: false``, no
-  signing key) instead of borrowing one.
+- **Sealed**: ``harnessrl talkmesh`` commits and signs its plan before the first test sample and
+  hash-chains the proposals and mesh results to it (:mod:`tasks.talkmesh.seal`);
+  ``harnessrl verify`` recomputes the findings table from those rows. :func:`published_rows`
+  carries the verified signer's fingerprint; a run made before the seal existed gets
+  ``sealed: false`` with the reason instead of a borrowed key.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from tasks.hashing import seed_from
 from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the talkmesh_* contracts it reads)
 
 MEASURE = "mesh_minus_majority_at_k"
-UNSEALED_REASON = ("harnessrl talkmesh writes content-hashed artifacts, not the evaluate stage's hash-chained, "
-                   "signed rows: harnessrl verify cannot recompute this row")
+UNSEALED_REASON = ("the run has no sealed plan and rows (talkmesh/plan.json, talkmesh_sealed: made before harnessrl "
+                   "talkmesh sealed its runs): harnessrl verify cannot recompute this row")
 
 
 def bootstrap_mean(x: Sequence[float], resamples: int, seed: int, level: float = 0.95
@@ -173,18 +174,20 @@ def finding_table(rules: Sequence[Any], meshes: dict[int, tuple[str, Sequence[fl
     return out
 
 
-def published_rows(store: Any, *, config: str, config_hash: str, commit: str, freeze_seconds: float | None = None
-                   ) -> list[dict[str, Any]]:
+def published_rows(store: Any, *, config: str, config_hash: str, commit: str, freeze_seconds: float | None = None,
+                   key_fingerprint: str | None = None) -> list[dict[str, Any]]:
     """One ``findings.jsonl`` row per finding of a finished ``harnessrl talkmesh`` run.
 
     The fields of :func:`flows.findings.finding_rows` (``paper``, ``name``, ``headline``,
     ``measure``, ``estimate``, ``ci_low``, ``ci_high``, ``level``, ``n``, ``verdict``, ``reason``,
     ``control`` (None: no random-reward control applies), ``config``, ``config_hash``, ``commit``,
-    ``key_fingerprint`` (None: nothing was signed), ``wall_s``), plus ``sealed`` (False) with
-    ``sealed_reason`` (:data:`UNSEALED_REASON`), the compared accuracies, and ``calibration``:
+    ``key_fingerprint``, ``wall_s``), plus ``sealed``, the compared accuracies, and ``calibration``:
     the confidence head's ECE and Brier score per split (None for a split without answers).
     ``wall_s``: ``freeze_seconds`` (the freeze stage's ``compute_seconds``; None counts 0) plus
     the TalkMesh task's ``total_s`` (seconds); None when the summary has no timing.
+    ``key_fingerprint``: the signing key's, once :func:`tasks.talkmesh.seal.verify_talkmesh` has
+    verified the run (``sealed`` True); None for a run made before TalkMesh runs were sealed
+    (``sealed`` False, with ``sealed_reason`` :data:`UNSEALED_REASON`).
 
     Raises:
         FileNotFoundError: the run has no ``talkmesh_findings`` table (not run, or the config sets
@@ -208,7 +211,8 @@ def published_rows(store: Any, *, config: str, config_hash: str, commit: str, fr
                      "n": f["n"], "verdict": f["verdict"], "reason": f["reason"], "control": None,
                      "mesh_accuracy": f["mesh_accuracy"], "majority_accuracy": f["majority_accuracy"],
                      "calibration": calib, "config": config, "config_hash": config_hash, "commit": commit,
-                     "key_fingerprint": None, "sealed": False, "sealed_reason": UNSEALED_REASON,
+                     "key_fingerprint": key_fingerprint, "sealed": key_fingerprint is not None,
+                     **({} if key_fingerprint else {"sealed_reason": UNSEALED_REASON}),
                      "wall_s": None if wall is None else round(wall, 1)})
     return rows
 

@@ -84,15 +84,15 @@ def _outputs_axes_png(fig: Any, ax: Any, ylabel: str, *, legend_size: int) -> by
 
 def budget_findings_markdown(budget: list[dict[str, Any]], findings: list[dict[str, Any]],
                              equal_budget: list[dict[str, Any]] | None = None) -> list[str]:
-    """Report lines: the pre-registered findings (estimate, interval, verdict; not sealed), each
+    """Report lines: the pre-registered findings (estimate, interval, verdict; sealed), each
     mesh against majority vote at its own budget
     (:func:`tasks.talkmesh.findings.equal_budget_rows`, descriptive) and the accuracy-vs-outputs
     table with intervals (``talkmesh_budget`` rows at k = 1, 2, 3, 4, 6, 8, 16, 32 and K, and every
     mesh condition). Empty input: no lines."""
     out: list[str] = []
     if findings:
-        out += ["", "## Pre-registered findings (not sealed: written by `harnessrl talkmesh`, not the evaluate "
-                "stage)", "", "| finding | mesh | agents | k | mesh acc. | majority@k acc. | mesh - majority@k | "
+        out += ["", "## Pre-registered findings (sealed: `harnessrl verify RUN` recomputes them from the signed "
+                "hash chain)", "", "| finding | mesh | agents | k | mesh acc. | majority@k acc. | mesh - majority@k | "
                 "interval (level) | n | claim, margin | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         out += [f"| {f['name']} | {f['condition']} | {f['agents']} | {f['k']} | {_f(f['mesh_accuracy'])} | "
                 f"{_f(f['majority_accuracy'])} | {f['estimate']:+.3f} | [{f['ci_low']:+.3f}, {f['ci_high']:+.3f}] "

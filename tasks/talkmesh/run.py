@@ -22,6 +22,10 @@ the mesh against majority and confidence-weighted vote, the collusion experiment
 5. Tables under ``talkmesh/`` (Parquet, contracts in :mod:`tasks.talkmesh.contracts`), the talk
    adapter, ``report.md`` and ``accuracy_vs_outputs.png``.
 
+Sealed (:mod:`tasks.talkmesh.seal`): the plan of step 4 is committed and signed before the first
+sample (step 1), the test proposals and every test mesh's results are hash-chained to it and the
+chain head signed, so ``harnessrl verify`` recomputes the findings from the sealed rows.
+
 Resumable (:mod:`tasks.talkmesh.resume`): the proposals, every mesh run and the talk training are
 kept as they finish, so the same config run again into the same folder after a kill reuses them.
 """
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from schemas import ArtifactRef, ArtifactStore
-from tasks.hashing import seed_from
+from tasks.hashing import seed_from, sha256_dir
 from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the contracts)
 from tasks.talkmesh.config import TalkMeshRunConfig
 from tasks.talkmesh.protocol import MeshResult, MeshSettings, Output, Problem, run_mesh, weighted_vote
@@ -173,6 +177,28 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                             threshold=tm.threshold, gossip_steps=tm.gossip_steps, seed=seed_from(cfg.seed, "topology") % 2**31)
     timing: dict[str, float] = {}
 
+    # the plan of the measurement, committed and signed before the first test sample (seal.py)
+    from tasks.evaluate.prereg import read_preregistration
+    from tasks.talkmesh.seal import build_plan, commit_plan, planned_conditions
+
+    train_talk = bool(tm.train_talk)
+    word = "talk" if train_talk else "base"
+    size_cond = {tm.agents: "mesh-talk" if train_talk else "mesh-base",
+                 **{n: f"mesh-{word}-n{n}" for n in tm.mesh_sizes or []}}
+    pre = read_preregistration(store)
+    plan = build_plan(config_hash=cfg.section_hash("policy", "train", "talkmesh", "suites", "split"),
+                      tasks_sha256=frozen["tasks"].sha256, harnesses_sha256=frozen["harnesses"].sha256,
+                      model=cfg.policy.model, harness=tm.harness, test_problems=[p.problem_id for p in test_p],
+                      samples=tm.samples, proposal_seed=seed_from(cfg.seed, "talkmesh", "test") % 2**31,
+                      conditions=planned_conditions(tm, train_talk), size_conditions=size_cond,
+                      vote_seed=seed_from(cfg.seed, "resamples") % 2**31, resamples=tm.resamples,
+                      findings=tm.findings, findings_seed=seed_from(cfg.seed, "talkmesh", "findings") % 2**31,
+                      preregistration=pre[1] if pre else None)
+    p_hash, signing_key = commit_plan(store, plan)
+    log.info("talkmesh: plan %s committed and signed before the first test sample", p_hash[:16])
+    sealed_meshes: list[tuple[str, int, list[dict[str, Any]]]] = []  # (condition, repeat, results) as run
+    trained_from: int | None = None
+
     # 2. the head's model (hidden states on the CPU in float32)
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
     hmodel, htok = load_model_and_tokenizer(model_dir, "cpu", "float32")
@@ -184,7 +210,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
         t0 = time.perf_counter()
         train_props, test_props = cache.step("proposals", lambda: (
             talk.propose(train_p, tm.train_samples, seed_from(cfg.seed, "talkmesh", "train") % 2**31),
-            talk.propose(test_p, tm.samples, seed_from(cfg.seed, "talkmesh", "test") % 2**31)))
+            talk.propose(test_p, tm.samples, plan["proposal_seed"])))
         timing["proposals_s"] = time.perf_counter() - t0
         log.info("talkmesh: %d + %d proposals in %.1f s", len(train_p) * tm.train_samples, len(test_p) * tm.samples,
                  timing["proposals_s"])
@@ -214,8 +240,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
         answers = [[o.answer for o in row] for row in test_props]
         confs = [[cmap.get((p.problem_id, o.answer), 0.0) for o in row] for p, row in zip(test_p, test_props)]
         oks = [{a: grader(p, a) for a in set(row)} for p, row in zip(test_p, answers)]
-        curves = vote_curves(answers, confs, oks, k_max=tm.samples, resamples=tm.resamples,
-                             seed=seed_from(cfg.seed, "resamples") % 2**31)
+        curves = vote_curves(answers, confs, oks, k_max=tm.samples, resamples=tm.resamples, seed=plan["vote_seed"])
 
         agents_train = [row[:tm.agents] for row in train_props]
         agents_test = [row[:tm.agents] for row in test_props]
@@ -238,6 +263,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                                                 for p, row in zip(test_p, agents_test)], 0)
 
         def record(cond: str, res: MeshResult, **kw: Any) -> None:
+            sealed_meshes.append((cond, 0, res.results))
             messages.extend({"condition": cond, **m} for m in res.messages)
             results.extend({"condition": cond, **r} for r in res.results)
             summary.append(summary_row(cond, res, agents=tm.agents, **kw))
@@ -266,6 +292,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
                                                      grader, st, seed=seed_from(cfg.seed, "talkmesh", c) % 2**31))
                 messages.extend({"condition": c, **m} for m in res.messages)
                 results.extend({"condition": c, **x} for x in res.results)
+                sealed_meshes.append((cond, r, res.results))
                 merged.messages += res.messages
                 merged.results += res.results
                 got = {x["problem_id"]: bool(x["correct"]) for x in res.results}
@@ -288,6 +315,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
 
     refs: dict[str, ArtifactRef] = {}
     adapter = None
+    adapter_sha: str | None = None
     talk_rows: list[dict[str, Any]] = []
     train_steps: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="talkmesh-adapter-") as tmp:
@@ -318,10 +346,10 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
             ttalk = LMTalk(trained, spec, tm.proposal_sampling, tm.talk_sampling, tm.max_solution_chars)
             label = "trained" if adapter is not None else "base"
             if adapter is not None:
+                trained_from = len(sealed_meshes)
+                adapter_sha = sha256_dir(adapter)
                 evaluate_mesh(ttalk, "mesh-talk", tm.agents, label)
-            size_cond = {tm.agents: "mesh-talk" if adapter is not None else "mesh-base"}
             for n in tm.mesh_sizes or []:
-                size_cond[n] = f"mesh-{'talk' if adapter is not None else 'base'}-n{n}"
                 evaluate_mesh(ttalk, size_cond[n], n, label)
             for m in tm.colluders:
                 coll = frozenset(random.Random(seed_from(cfg.seed, "colluders", m)).sample(range(tm.agents), m))
@@ -353,7 +381,7 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
         from tasks.talkmesh.findings import budget_rows, equal_budget_rows, finding_table
 
         votes = vote_matrix(answers, confs, oks, k_max=tm.samples, resamples=tm.resamples,
-                            seed=seed_from(cfg.seed, "resamples") % 2**31)  # the curves' orderings
+                            seed=plan["vote_seed"])  # the curves' orderings
         budget = budget_rows(votes, mesh_points, resamples=tm.bootstrap_resamples,
                              seed=seed_from(cfg.seed, "talkmesh", "budget") % 2**31)
         equal = equal_budget_rows(mesh_points, votes["majority"], resamples=tm.bootstrap_resamples,
@@ -361,12 +389,20 @@ def run_talkmesh(store: ArtifactStore, cfg: TalkMeshRunConfig, frozen: dict[str,
         if tm.findings is not None:
             found = finding_table(tm.findings.rules, {n: (c, mesh_points[c]["per_problem"]) for n, c in size_cond.items()},
                                   votes["majority"], alpha=tm.findings.alpha,
-                                  resamples=tm.findings.bootstrap_resamples,
-                                  seed=seed_from(cfg.seed, "talkmesh", "findings") % 2**31)
+                                  resamples=tm.findings.bootstrap_resamples, seed=plan["findings_seed"])
 
     ins = [frozen["tasks"], frozen["harnesses"]]
     ch = cfg.section_hash("policy", "train", "talkmesh", "suites", "split")
     w = lambda name, rows, **kw: store.write("talkmesh", name, rows, inputs=ins, config_hash=ch, **kw)  # noqa: E731
+    from tasks.talkmesh.seal import sealed_rows, sign_head
+
+    sealed = sealed_rows(p_hash, plan["test_problems"],
+                         [[(a, ok[a], c) for a, c in zip(ans, cs)] for ans, cs, ok in zip(answers, confs, oks)],
+                         sealed_meshes, adapter_sha, trained_from)
+    refs["talkmesh_sealed"] = w("talkmesh_sealed", sealed, extra={"plan_hash": p_hash})
+    fp = sign_head(store, sealed, p_hash, signing_key)  # after the last mesh ran
+    log.info("talkmesh: %d sealed rows, chain head %s signed with %s", len(sealed),
+             (sealed[-1]["seal_hash"] if sealed else p_hash)[:16], fp)
     refs["talkmesh_messages"] = w("talkmesh_messages", messages)
     refs["talkmesh_results"] = w("talkmesh_results", results)
     refs["talkmesh_curves"] = w("talkmesh_curves", curves)

@@ -267,7 +267,7 @@ def test_tiny_findings_run(tiny_findings):
     assert r0["wall_s"] == round(timing["total_s"] + 2.0, 1)
     assert set(r0["calibration"]) == {"train", "test"} and 0.0 <= r0["calibration"]["train"]["ece"] <= 1.0
     report = (tmp_path / "talkmesh" / "report.md").read_text()
-    assert "## Pre-registered findings (not sealed" in report and f"**{f['verdict']}**" in report
+    assert "## Pre-registered findings (sealed" in report and f"**{f['verdict']}**" in report
     assert "| mesh-base-n2 | 2 |" in report
     assert (tmp_path / "talkmesh" / "accuracy_vs_outputs.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -277,7 +277,7 @@ def test_published_rows_need_a_findings_table(tmp_path):
         published_rows(ArtifactStore(tmp_path), config="c", config_hash="h", commit="x")
 
 
-def test_the_findings_command_publishes_unsealed_rows_and_the_figure(tiny_findings, tmp_path, monkeypatch):
+def test_the_findings_command_publishes_sealed_rows_and_the_figure(tiny_findings, tmp_path, monkeypatch):
     import json
 
     import yaml
@@ -295,8 +295,11 @@ def test_the_findings_command_publishes_unsealed_rows_and_the_figure(tiny_findin
     assert res.exit_code == 0, res.output
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["name"] for r in rows] == ["mesh4-vs-maj8", "mesh2-vs-maj1"]
-    assert all(r["sealed"] is False and r["key_fingerprint"] is None and r["config_hash"] == cfg.config_hash()
-               for r in rows)
+    from tasks.evaluate.signing import fingerprint
+
+    signer = fingerprint((rd / "talkmesh" / "signing.pub").read_bytes())
+    assert all(r["sealed"] is True and r["key_fingerprint"] == signer and "sealed_reason" not in r
+               and r["config_hash"] == cfg.config_hash() for r in rows)
     assert (rows[0]["estimate"], rows[0]["verdict"]) == (-0.5, "not reproduced")
     assert (tmp_path / "docs" / "img" / "findings" / f"{run_label(cfg)}--accuracy_vs_outputs.png").is_file()
     # another config's run is refused, not published

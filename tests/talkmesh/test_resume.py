@@ -127,3 +127,7 @@ def test_a_run_killed_after_talk_training_reuses_the_stored_adapter(tiny_model_d
     steps = store.manifest("talkmesh", "talkmesh_talk_sequences")["extra"]["train_steps"]
     assert steps and "talkmesh_talk_sequences" in refs
     assert not store.exists("talkmesh/resume")
+    # the plan the killed attempt committed is the one the resumed run sealed its rows to
+    from tasks.talkmesh.seal import verify_talkmesh
+
+    assert verify_talkmesh(store).rows == len(store.raw_rows("talkmesh", "talkmesh_sealed"))

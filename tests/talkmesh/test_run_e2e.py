@@ -126,6 +126,21 @@ def test_tiny_talkmesh_run(tiny_model_dir, tmp_path):
     assert (tmp_path / "talkmesh" / "accuracy_vs_outputs.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "talkmesh" / "talk_adapter" / "adapter_config.json").is_file()
 
+    # sealed: the trained adapter's hash is chained before the first trained mesh, the collusion
+    # conditions after; a swapped adapter file is caught
+    from tasks.evaluate.seal import SealError
+    from tasks.talkmesh.seal import verify_talkmesh
+
+    assert verify_talkmesh(store).rows == 4 * 6 + 4 + 1 + 4 + 4 + 4
+    sealed = store.raw_rows("talkmesh", "talkmesh_sealed")
+    kinds = [(r["kind"], r["condition"]) for r in sealed[24:]]
+    assert kinds == [("mesh", "mesh-base")] * 4 + [("state", None)] + [("mesh", "mesh-talk")] * 4 + \
+        [("mesh", "collusion-m2-undefended")] * 4 + [("mesh", "collusion-m2-defended")] * 4
+    cfg_file = tmp_path / "talkmesh" / "talk_adapter" / "adapter_config.json"
+    cfg_file.write_text(cfg_file.read_text().replace('"r":', '"r": 1, "was_r":', 1))
+    with pytest.raises(SealError, match="talkmesh/talk_adapter: files hash .*the talk adapter changed"):
+        verify_talkmesh(store)
+
 
 def test_config_errors_name_the_field(tiny_model_dir):
     with pytest.raises(ValueError, match="talkmesh.agents=8 exceeds talkmesh.samples=6"):
