@@ -190,7 +190,33 @@ def _send(reply, obj: dict) -> None:
     reply.flush()
 
 
+def exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """Start a daemon thread that ends the worker when the process that started it is gone.
+
+    The engine starts the worker in a session of its own (so that it can end the worker's whole
+    group), which a kill of the parent's group does not reach; and a worker in the middle of a
+    batch reads no stdin, so it would not see the closed pipe until the batch ends (minutes, on
+    the CPU). Every ``every_s`` seconds the thread compares ``os.getppid()`` with ``parent``; when
+    they differ (the parent died, the worker was re-parented) it SIGKILLs the worker's process
+    group if the worker leads it (vLLM's own processes with it), else the worker alone.
+    """
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != parent:
+                if os.getpgid(0) == os.getpid():
+                    os.killpg(os.getpid(), signal.SIGKILL)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main() -> None:
+    exit_with_parent(os.getppid())
     reply = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
