@@ -357,7 +357,9 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
             raise typer.Exit(2)
     from tasks.talkmesh.seal import PLAN as TALKMESH_PLAN
 
-    talkmesh = (run_dir / TALKMESH_PLAN).is_file() and not (run_dir / "evaluate").is_dir()
+    # a TalkMesh run has its own plan and no evaluation plan (its freeze still signs the
+    # pre-registration, so an evaluate/ folder with the public key may exist)
+    talkmesh = (run_dir / TALKMESH_PLAN).is_file() and not (run_dir / "evaluate" / "plan.json").is_file()
     if talkmesh and (witness or findings_file is not None):
         typer.secho(f"{'--witness' if witness else '--findings'}: not built for a TalkMesh run (harnessrl talkmesh "
                     "records no witness and its findings rows are checked by harnessrl findings)", fg="red", err=True)

@@ -118,6 +118,8 @@ def test_verify_cli_on_a_talkmesh_run(run_copy):
     from flows.cli import app
 
     _, rd = run_copy
+    (rd / "evaluate").mkdir(exist_ok=True)  # as a real run's freeze leaves it (the pre-registration's key)
+    (rd / "evaluate" / "signing.pub").write_bytes((rd / "talkmesh" / "signing.pub").read_bytes())
     res = CliRunner().invoke(app, ["verify", str(rd)])
     assert res.exit_code == 0 and "verified: plan" in res.output and "36 sealed rows" in res.output, res.output
     res = CliRunner().invoke(app, ["verify", str(rd), "--witness"])
