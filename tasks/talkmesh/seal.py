@@ -241,7 +241,7 @@ def verify_talkmesh(store: Any, public_key: bytes | None = None) -> VerifyReport
     if plan.get("preregistration"):
         from tasks.evaluate.signing import PREREG_SIG, check_signature
 
-        check_signature(store, PREREG_SIG, plan["preregistration"])
+        check_signature(store, PREREG_SIG, plan["preregistration"], public_key)  # by the expected key, if given
     expected = recompute_findings(plan, rows)
     if expected:
         try:
