@@ -35,14 +35,22 @@ PUBLIC_KEY = "evaluate/signing.pub"
 PLAN_SIG = "evaluate/plan.sig"
 HEAD_SIG = "evaluate/head.sig"
 PREREG_SIG = "freeze/preregistration.sig"
-# a TalkMesh run (``harnessrl talkmesh``) seals its own plan and rows (tasks.talkmesh.seal)
-TALKMESH_PUBLIC_KEY = "talkmesh/signing.pub"
-TALKMESH_PLAN_SIG = "talkmesh/plan.sig"
-TALKMESH_HEAD_SIG = "talkmesh/head.sig"
-_CONTEXT = {PLAN_SIG: b"harnessrl-plan:", HEAD_SIG: b"harnessrl-head:", PREREG_SIG: b"harnessrl-prereg:",
-            TALKMESH_PLAN_SIG: b"harnessrl-talkmesh-plan:", TALKMESH_HEAD_SIG: b"harnessrl-talkmesh-head:"}
-# the public key that a signature file's run carries beside it
-_KEY_OF = {TALKMESH_PLAN_SIG: TALKMESH_PUBLIC_KEY, TALKMESH_HEAD_SIG: TALKMESH_PUBLIC_KEY}
+_CONTEXT = {PLAN_SIG: b"harnessrl-plan:", HEAD_SIG: b"harnessrl-head:", PREREG_SIG: b"harnessrl-prereg:"}
+# the public key a signature file's run carries beside it, where it is not PUBLIC_KEY
+_KEY_OF: dict[str, str] = {}
+
+
+def register_signature(which: str, context: bytes, public_key: str) -> None:
+    """Let an application sign files of its own with this module (e.g. tasks.talkmesh.seal):
+    ``which`` is signed over ``context + hash``, its public key written to ``public_key``.
+
+    Raises:
+        ValueError: ``which`` is already registered with another context or key file.
+    """
+    if _CONTEXT.get(which, context) != context or _KEY_OF.get(which, public_key) != public_key:
+        raise ValueError(f"signature file {which!r} is already registered differently")
+    _CONTEXT[which] = context
+    _KEY_OF[which] = public_key
 
 
 def key_path() -> Path:
@@ -109,9 +117,9 @@ def fingerprint(pem: bytes) -> str:
 
 def sign(store: "ArtifactStore", which: str, value: str, key: "Ed25519PrivateKey") -> str:
     """Sign ``value`` (a hex hash) as ``which`` (:data:`PLAN_SIG`, :data:`HEAD_SIG`,
-    :data:`PREREG_SIG`, or a TalkMesh run's :data:`TALKMESH_PLAN_SIG` / :data:`TALKMESH_HEAD_SIG`),
-    writing the signature file and the public key beside it (``evaluate/signing.pub``, or
-    ``talkmesh/signing.pub`` for the TalkMesh files); returns the key's fingerprint."""
+    :data:`PREREG_SIG`, or a file given to :func:`register_signature`), writing the signature file
+    and the public key beside it (``evaluate/signing.pub``, or the registered key file); returns
+    the key's fingerprint."""
     pem = public_pem(key)
     fp = fingerprint(pem)
     store.write_bytes(_KEY_OF.get(which, PUBLIC_KEY), pem)
@@ -125,8 +133,7 @@ def check_signatures(store: "ArtifactStore", plan_hash: str, head: str, expected
                      sigs: tuple[str, str] = (PLAN_SIG, HEAD_SIG)) -> str:
     """Check ``plan.sig`` over ``plan_hash`` and ``head.sig`` over ``head`` with the run's public
     key, which must equal ``expected_pem`` when given. Returns the fingerprint of the key used.
-    ``sigs``: the (plan, head) signature files; a TalkMesh run's are
-    ``(TALKMESH_PLAN_SIG, TALKMESH_HEAD_SIG)``, checked with ``talkmesh/signing.pub``.
+    ``sigs``: the (plan, head) signature files (registered ones are checked with their key file).
 
     Raises:
         SealError: a signature file or the public key is missing or malformed; the run's key is

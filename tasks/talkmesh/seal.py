@@ -34,12 +34,18 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from tasks.evaluate.seal import SealError, VerifyReport, check_links, check_recomputed, plan_hash, seal_rows
+from tasks.evaluate.signing import register_signature
 from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers talkmesh_sealed)
 
 PLAN = "talkmesh/plan.json"
+PUBLIC_KEY = "talkmesh/signing.pub"
+PLAN_SIG = "talkmesh/plan.sig"
+HEAD_SIG = "talkmesh/head.sig"
 PLAN_HASH = "talkmesh/plan.sha256"
 SEALED = "talkmesh/talkmesh_sealed.parquet"
 ADAPTER = "talkmesh/talk_adapter"
+register_signature(PLAN_SIG, b"harnessrl-talkmesh-plan:", PUBLIC_KEY)
+register_signature(HEAD_SIG, b"harnessrl-talkmesh-head:", PUBLIC_KEY)
 
 
 def planned_conditions(tm: Any, train_talk: bool) -> list[dict[str, Any]]:
@@ -91,7 +97,7 @@ def commit_plan(store: Any, plan: dict[str, Any]) -> tuple[str, Any]:
     Raises:
         ValueError: the folder holds another committed plan (names both hashes).
     """
-    from tasks.evaluate.signing import TALKMESH_PLAN_SIG, load_or_create_key, sign
+    from tasks.evaluate.signing import load_or_create_key, sign
 
     ph = plan_hash(plan)
     key = load_or_create_key()
@@ -103,7 +109,7 @@ def commit_plan(store: Any, plan: dict[str, Any]) -> tuple[str, Any]:
         return ph, key
     store.write_json(PLAN, plan)
     store.write_text(PLAN_HASH, ph + "\n")
-    sign(store, TALKMESH_PLAN_SIG, ph, key)
+    sign(store, PLAN_SIG, ph, key)
     return ph, key
 
 
@@ -139,9 +145,9 @@ def sealed_rows(p_hash: str, test_problems: Sequence[str], proposals: Sequence[S
 
 def sign_head(store: Any, rows: list[dict[str, Any]], p_hash: str, key: Any) -> str:
     """Sign the chain head (``talkmesh/head.sig``); returns the key's fingerprint."""
-    from tasks.evaluate.signing import TALKMESH_HEAD_SIG, sign
+    from tasks.evaluate.signing import sign
 
-    return sign(store, TALKMESH_HEAD_SIG, rows[-1]["seal_hash"] if rows else p_hash, key)
+    return sign(store, HEAD_SIG, rows[-1]["seal_hash"] if rows else p_hash, key)
 
 
 def _expected_keys(plan: dict[str, Any]) -> list[tuple]:
@@ -206,7 +212,7 @@ def verify_talkmesh(store: Any, public_key: bytes | None = None) -> VerifyReport
             or is missing (the message names the first difference).
     """
     from schemas import ArtifactError
-    from tasks.evaluate.signing import TALKMESH_HEAD_SIG, TALKMESH_PLAN_SIG, check_signatures
+    from tasks.evaluate.signing import check_signatures
     from tasks.evaluate.verify import NotARunError
     from tasks.hashing import sha256_dir
 
@@ -223,7 +229,7 @@ def verify_talkmesh(store: Any, public_key: bytes | None = None) -> VerifyReport
     if ph != committed:
         raise SealError(f"{PLAN}: hash {ph[:16]}... != committed {committed[:16]}... (the plan was edited)")
     head = check_links(rows, ph, lambda r: f"{r.get('kind')} {r.get('condition') or ''} {r.get('problem_id')}")
-    fp = check_signatures(store, ph, head, public_key, sigs=(TALKMESH_PLAN_SIG, TALKMESH_HEAD_SIG))
+    fp = check_signatures(store, ph, head, public_key, sigs=(PLAN_SIG, HEAD_SIG))
     want = _expected_keys(plan)
     for i, (row, key) in enumerate(zip(rows, want)):
         have = (row.get("kind"), row.get("condition"), row.get("repeat"), row.get("problem_id"), row.get("sample"))

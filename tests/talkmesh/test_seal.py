@@ -70,7 +70,8 @@ def test_a_dropped_repeat_resigned_by_another_key_is_caught(run_copy, tmp_path, 
     """The forger drops the worse repeat, re-chains and re-signs with their own key: the rows no
     longer cover the plan; and a fully consistent forgery under their key fails against the
     expected public key."""
-    from tasks.evaluate.signing import KEY_ENV, TALKMESH_HEAD_SIG, TALKMESH_PLAN_SIG, load_or_create_key, sign
+    from tasks.evaluate.signing import KEY_ENV, load_or_create_key, sign
+    from tasks.talkmesh.seal import HEAD_SIG as TALKMESH_HEAD_SIG, PLAN_SIG as TALKMESH_PLAN_SIG
 
     _, rd = run_copy
     store = ArtifactStore(rd)
