@@ -43,8 +43,13 @@ Figures (``benchmarks/_learning_stats.py``):
   counted as the budget: with such seeds on TRL's side only the speed-up is a lower bound, on ours
   only an upper bound (``speedup_bound``), on both it is null with a reason, and how many did not
   reach it is in the row;
-- the same-sampler block: ours with hf against TRL (the trainer's share) and ours with vLLM against
-  ours with hf (the engine's share); the speed-up is their product.
+- the same-sampler block: ours with hf against TRL (``trainer_speedup``: both sample with
+  transformers' ``generate``, but ours drives it through our engine, which prefills a group's
+  shared prompt once and reserves the KV cache ahead, where TRL prefills every row; so this share is
+  our trainer's and our sampling path's together) and ours with vLLM against ours with hf
+  (``engine_speedup``); the speed-up is their product. ``split`` gives each arm's median seconds
+  per iteration spent sampling (the generate call, timed inside each side) and on the rest, which
+  separates the two.
 
 The target, 0.35 held-out pass@1, is fixed here before any run, so that neither side's curve
 chooses it: between the base model's pass@1 on learn-arith's held-out tasks (about 0.18, with a
@@ -74,6 +79,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,6 +133,11 @@ class _Clock:
         self.t0, self.budget_s, self.out = t0, budget_s, out
         self.log: list[dict[str, Any]] = []
         self.samples = 0
+        self._sample_s = 0.0  # sampling seconds since the last iteration end
+
+    def sampled(self, seconds: float) -> None:
+        """Add ``seconds`` spent sampling (the engine's generate call) to the running iteration."""
+        self._sample_s += seconds
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -137,7 +148,9 @@ class _Clock:
         t = self.elapsed()
         d = self.out / f"iter-{n_done}"
         save(d)
-        self.log.append({"iterations": n_done, "seconds": round(t, 3), "adapter": str(d)})
+        self.log.append({"iterations": n_done, "seconds": round(t, 3), "adapter": str(d),
+                         "sample_s": round(self._sample_s, 3)})
+        self._sample_s = 0.0
         return t >= self.budget_s
 
     def result(self, snapshots: int) -> dict[str, Any]:
@@ -151,6 +164,7 @@ class _Clock:
                 shutil.rmtree(it["adapter"], ignore_errors=True)
         last = self.log[-1]["seconds"] if self.log else None
         return {"snapshots": snaps, "iterations": len(self.log), "iteration_s": [it["seconds"] for it in self.log],
+                "sample_s": [it["sample_s"] for it in self.log],
                 "stop_s": round(self.elapsed(), 3), "samples": self.samples,
                 "samples_per_s": self.samples / last if last else None}
 
@@ -160,6 +174,7 @@ def side_ours(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: 
     ``policy.engine`` in ``overrides``, started inside the clock)."""
     from schemas import ArtifactStore
     from tasks.records.freeze import freeze_tables
+    from tasks.rollout.engines import engine_class
     from tasks.rollout.models import model_id, resolve_model
     from tasks.train.loops import train_online
     from tasks.train.stage import _online_sampler
@@ -173,6 +188,17 @@ def side_ours(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: 
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
     sampler, release = _online_sampler(store, cfg, refs, specs, sampling, model_id(model_dir))
     per_iteration = cfg.rollout.samples_per_task * len(cfg.harnesses) * (cfg.train.prompts_per_step or 0)
+    engine_cls = engine_class(cfg.policy.engine)
+    generate = engine_cls.generate  # the engine's sampling call, timed per iteration like TRL's
+
+    def timed_generate(self: Any, *a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return generate(self, *a, **k)
+        finally:
+            clock.sampled(time.perf_counter() - t)
+
+    engine_cls.generate = timed_generate
 
     def after(trainer: Any, it: int) -> None:
         clock.samples += per_iteration
@@ -271,6 +297,16 @@ def side_trl(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: i
                                                      target_modules=list(tc.lora.target_modules)),
                               callbacks=[Marks()])
         eos["ids"] = set(trainer.eos_token_ids)
+        generate = trainer._generate_single_turn  # TRL's sampling call (transformers generate), timed per step
+
+        def timed_generate(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return generate(*a, **k)
+            finally:
+                clock.sampled(time.perf_counter() - t)
+
+        trainer._generate_single_turn = timed_generate
         trainer.train()
     return clock.result(snapshots)
 
@@ -352,6 +388,24 @@ def _acc_fields(prefix: str, r: dict[str, Any]) -> dict[str, Any]:
             **({f"{prefix}_note": r["reason"]} if r.get("reason") else {})}
 
 
+def iteration_split(res: dict[str, Any]) -> dict[str, Any]:
+    """Median seconds per iteration a side spent sampling (its engine's generate call) and on
+    everything else (reward, log-probs, the optimizer step, the adapter save, and for an in-process
+engine such as ``hf`` the merged copy it samples from; for vLLM the in-place weight load), over the iterations
+    after the first (which also holds the model and engine load). None with ``split_note`` when
+    undefined: fewer than two iterations, or a run from before the sampling time was kept."""
+    ts, ss = res.get("iteration_s") or [], res.get("sample_s")
+    if ss is None:
+        return {"sample_s_per_iteration": None, "other_s_per_iteration": None,
+                "split_note": "not recorded: a run from before the sampling time was kept"}
+    if len(ts) < 2:
+        return {"sample_s_per_iteration": None, "other_s_per_iteration": None,
+                "split_note": f"{len(ts)} iteration(s): the first also holds the model load"}
+    between = [b - a for a, b in zip(ts, ts[1:])]
+    return {"sample_s_per_iteration": round(statistics.median(ss[1:]), 2),
+            "other_s_per_iteration": round(statistics.median([t - x for t, x in zip(between, ss[1:])]), 2)}
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]], evals: dict[str, dict[str, list[float]]], budget_s: float,
               target: float, resamples: int) -> dict[str, Any]:
     """The row's figures from each arm's runs (``seed``, the side's result) and the evaluations
@@ -373,7 +427,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], evals: dict[str, dict[str, 
             detail[arm].append({
                 "seed": r["seed"], "iterations": res["iterations"], "stop_s": res["stop_s"],
                 "samples_per_s": None if res["samples_per_s"] is None else round(res["samples_per_s"], 3),
-                "time_to_target_s": None if t is None else round(t, 1),
+                "time_to_target_s": None if t is None else round(t, 1), **iteration_split(res),
                 "snapshots": [{"mark_s": s["mark_s"], "iterations": s["iterations"], "weights_s": s["weights_s"],
                                "pass_at_1": round(p, 4)} for s, (_, p) in zip(res["snapshots"], curve[1:])]})
     pairs = [(a, "trl") for a in ("ours", "ours_hf") if a in final and "trl" in final]
@@ -407,6 +461,19 @@ def summarize(runs: dict[str, list[dict[str, Any]]], evals: dict[str, dict[str, 
         if "ours" in times:  # same trainer: the engine's share
             ss.update(_ratio_fields("engine_speedup", time_ratio(times["ours_hf"], times["ours"], budget_s,
                                                                  resamples=resamples)))
+        split = {}
+        for arm in runs:
+            vals = [iteration_split(r["result"]) for r in runs[arm]]
+            got = [v for v in vals if v["sample_s_per_iteration"] is not None]
+            split[arm] = ({k: round(statistics.median(v[k] for v in got), 2)
+                           for k in ("sample_s_per_iteration", "other_s_per_iteration")} if got else
+                          {"sample_s_per_iteration": None, "other_s_per_iteration": None,
+                           "split_note": vals[0]["split_note"] if vals else "no runs"})
+        ss["split"] = split
+        ss["split_note"] = ("median seconds per iteration after the first, over seeds: sampling (the engine's generate "
+                            "call) and the rest; ours_hf's sampling is transformers generate driven by our engine "
+                            "(each group's shared prompt prefilled once, the KV cache reserved ahead), TRL's is its own "
+                            "generate call on every row: trainer_speedup covers both that and the trainer")
         row["same_sampler"] = ss
     row["runs"] = detail
     return row

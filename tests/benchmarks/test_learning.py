@@ -18,7 +18,7 @@ from tests.rollout.test_harness_engine import ScriptedPolicy, task_and_record  #
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from learning import completion_cut, goal_verdict, reply_reward, summarize  # noqa: E402
+from learning import completion_cut, goal_verdict, iteration_split, reply_reward, summarize  # noqa: E402
 
 
 def test_completion_cut_means_limit_reached_without_an_end_token():
@@ -98,6 +98,32 @@ def test_summarize_by_hand():
                                                      "pass_at_1": 0.2}
     g = goal_verdict(row)
     assert g["met"] is True and "lower" in g["why"]
+
+
+def test_iteration_split_leaves_the_first_iteration_out():
+    # iterations end at 50, 80, 120 s; sampling took 30 (with the load), 20 and 24 s of them
+    res = {"iteration_s": [50.0, 80.0, 120.0], "sample_s": [30.0, 20.0, 24.0]}
+    # after the first: intervals 30, 40 -> sampling median 22, the rest (10, 16) median 13
+    assert iteration_split(res) == {"sample_s_per_iteration": 22.0, "other_s_per_iteration": 13.0}
+    one = iteration_split({"iteration_s": [50.0], "sample_s": [30.0]})
+    assert one["sample_s_per_iteration"] is None and "model load" in one["split_note"]
+    old = iteration_split({"iteration_s": [50.0, 80.0]})
+    assert old["other_s_per_iteration"] is None and "not recorded" in old["split_note"]
+
+
+def test_summarize_splits_sampling_from_the_rest_per_arm():
+    evals = {"base": [0.2, 0.2], "a": [0.5, 0.3], "t": [0.3, 0.3]}
+    ours = _run(0, [(1, "a"), (2, "a")])
+    ours["result"].update(iteration_s=[40.0, 60.0, 80.0], sample_s=[30.0, 8.0, 12.0])
+    trl = _run(0, [(0, None), (1, "t")])
+    trl["result"].update(iteration_s=[150.0, 300.0], sample_s=[100.0, 110.0])
+    hf = _run(0, [(1, "a"), (2, "a")])  # an older run: no sampling times
+    row = summarize({"ours": [ours], "trl": [trl], "ours_hf": [hf]}, evals, 400.0, 0.35, 200)
+    split = row["same_sampler"]["split"]
+    assert split["ours"] == {"sample_s_per_iteration": 10.0, "other_s_per_iteration": 10.0}
+    assert split["trl"] == {"sample_s_per_iteration": 110.0, "other_s_per_iteration": 40.0}
+    assert split["ours_hf"]["sample_s_per_iteration"] is None and "not recorded" in split["ours_hf"]["split_note"]
+    assert row["runs"]["trl"][0]["other_s_per_iteration"] == 40.0
 
 
 def test_summarize_without_trl_and_goal_undefined():

@@ -190,6 +190,11 @@ def test_learning(tmp_path):
     (run,) = row["runs"]["ours"]
     # the clock starts at launch and the run goes on to its first iteration end past the budget
     assert run["iterations"] >= 1 and run["stop_s"] >= 20.0 and run["samples_per_s"] > 0
+    # the engine's generate calls were timed: past the first iteration, sampling and the rest are both > 0
+    if run["iterations"] >= 2:
+        assert run["sample_s_per_iteration"] > 0 and run["other_s_per_iteration"] > 0
+    else:
+        assert run["sample_s_per_iteration"] is None and "model load" in run["split_note"]
     # one snapshot per mark (10 s, 20 s), each the last iteration finished by it (0: the base model)
     snaps = run["snapshots"]
     assert [s["mark_s"] for s in snaps] == [10.0, 20.0]
