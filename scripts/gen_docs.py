@@ -186,9 +186,14 @@ def _script_summary(name: str) -> str:
     return doc.split("\n\n")[0].replace("\n", " ")
 
 
+#: a row's dict-valued fields shown as one cell, not one line per key: the withdrawn figures and why
+_UNNESTED = frozenset({"withdrawn"})
+
+
 def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks") -> str:
     """One section per script under ``benchmarks/`` (what it measures: its docstring's first
-    paragraph), then the newest rows of ``results/<name>.jsonl`` as columns, one figure a line. A
+    paragraph), then the newest rows of ``results/<name>.jsonl`` as columns, one figure a line (a
+block such as ``machine`` or ``same_sampler``: one line per key, ``block.key``). A
     row's ``withdrawn`` (figure -> why) replaces those figures' cells by "withdrawn": a figure found
     not to hold stays in the file, with the reason, but the page does not state it."""
     lines = [
@@ -224,10 +229,10 @@ def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks"
         keys: list[str] = []
         for r in shown:
             for k, v in r.items():
-                if k == "machine" and isinstance(v, dict):
+                if isinstance(v, dict) and k not in _UNNESTED:  # a block (machine, same_sampler): one line a figure
                     for mk in v:
-                        if f"machine.{mk}" not in keys:
-                            keys.append(f"machine.{mk}")
+                        if f"{k}.{mk}" not in keys:
+                            keys.append(f"{k}.{mk}")
                 elif k not in keys:
                     keys.append(k)
         lines += ["| figure | " + " | ".join(f"run {i + 1}" for i in range(len(shown))) + " |",
@@ -235,7 +240,8 @@ def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks"
         for k in keys:
             vals = []
             for r in shown:
-                v = r.get("machine", {}).get(k.split(".", 1)[1]) if k.startswith("machine.") else r.get(k)
+                block, _, sub = k.partition(".")
+                v = r.get(k) if k in r or not sub else (r.get(block) or {}).get(sub)
                 if k == "commit" and isinstance(v, str):
                     v = v[:12] + ("+dirty" if v.endswith("+dirty") else "")
                 if k in (r.get("withdrawn") or {}):  # a figure the row itself withdraws: not shown as a number

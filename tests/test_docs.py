@@ -87,11 +87,13 @@ def test_benchmarks_page_shows_the_newest_rows(tmp_path):
     # a script without rows still has its section, saying how to add one
     assert "## rollout\n" in md and "No rows recorded yet: run `.venv/bin/python benchmarks/rollout.py`." in md
     # a figure the row withdraws is not stated on the page; the reason is
-    rows[-1].update(speedup=2.03, withdrawn={"speedup": "not on one clock"})
+    rows[-1].update(speedup=2.03, withdrawn={"speedup": "not on one clock"}, same_sampler={"engine_speedup": 1.25})
     (tmp_path / "artifact_store.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     md = gen_docs.benchmarks_page(tmp_path)
     assert "| `speedup` | withdrawn (see `withdrawn`) |" in md and "2.03" not in md
     assert 'not on one clock' in next(x for x in md.splitlines() if x.startswith("| `withdrawn` |"))
+    # a block of figures is one line per figure, not a cut-off dict
+    assert "| `same_sampler.engine_speedup` | 1.25 |" in md
     empty = gen_docs.benchmarks_page(tmp_path / "none")
     for script in (ROOT / "benchmarks").glob("[!_]*.py"):
         assert f"## {script.stem}\n" in empty
