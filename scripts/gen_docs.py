@@ -193,9 +193,9 @@ _UNNESTED = frozenset({"withdrawn"})
 def benchmarks_page(results: Path = RESULTS, scripts: Path = ROOT / "benchmarks") -> str:
     """One section per script under ``benchmarks/`` (what it measures: its docstring's first
     paragraph), then the newest rows of ``results/<name>.jsonl`` as columns, one figure a line (a
-block such as ``machine`` or ``same_sampler``: one line per key, ``block.key``). A
-    row's ``withdrawn`` (figure -> why) replaces those figures' cells by "withdrawn": a figure found
-    not to hold stays in the file, with the reason, but the page does not state it."""
+    block such as ``machine`` or ``same_sampler``: one line per key, ``block.key``). A row's
+    ``withdrawn`` (figure -> why) replaces those figures' cells by "withdrawn": a figure found not
+    to hold stays in the file, with the reason, but the page does not state it."""
     lines = [
         "# Benchmarks",
         "",
