@@ -19,10 +19,12 @@ The evaluate stage's seal (:mod:`tasks.evaluate.seal`) applied to P3's measureme
    missing, added or moved), the adapter's files against the ``state`` row, and the
    ``talkmesh_findings`` table recomputed from the sealed rows with the plan's seeds
    (:func:`tasks.talkmesh.findings.finding_table` over
-   :func:`tasks.talkmesh.baselines.vote_matrix`), value for value.
+   :func:`tasks.talkmesh.baselines.vote_matrix`), value for value, and so is the
+   ``talkmesh_curves`` table (:func:`tasks.talkmesh.baselines.vote_curves`), the vote baseline
+   every mesh is read against.
 
-What it does not cover: the tables that only describe (messages, summary, curves, budget,
-calibration) are not recomputed; the findings are.
+What it does not cover: the other tables that only describe (messages, summary, budget,
+calibration) are not recomputed; the findings and the vote curves are.
 """
 
 from __future__ import annotations
@@ -163,6 +165,32 @@ def _expected_keys(plan: dict[str, Any]) -> list[tuple]:
     return keys
 
 
+def _proposals(plan: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[list, list, list]:
+    """Per test problem, in the plan's order: the sealed proposals' answers, confidences and
+    answer -> correct, in sealing order (the order the run voted over)."""
+    at = {pid: i for i, pid in enumerate(plan["test_problems"])}
+    answers: list[list[str | None]] = [[] for _ in at]
+    confs: list[list[float]] = [[] for _ in at]
+    oks: list[dict[str | None, bool]] = [{} for _ in at]
+    for r in rows:
+        if r["kind"] == "proposal":
+            i = at[r["problem_id"]]
+            answers[i].append(r["answer"])
+            confs[i].append(r["confidence"])
+            oks[i][r["answer"]] = bool(r["correct"])
+    return answers, confs, oks
+
+
+def recompute_curves(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``talkmesh_curves`` rows (majority and confidence-weighted vote, k = 1..K) from the
+    sealed proposals and the plan's K, orderings and seed, as the run computes them."""
+    from tasks.talkmesh.baselines import vote_curves
+
+    answers, confs, oks = _proposals(plan, rows)
+    return vote_curves(answers, confs, oks, k_max=plan["samples"], resamples=plan["resamples"],
+                       seed=plan["vote_seed"])
+
+
 def recompute_findings(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``talkmesh_findings`` rows from the sealed rows and the plan, as the run computes
     them (:func:`tasks.talkmesh.run.run_talkmesh`): the vote over the proposals' answers and
@@ -174,18 +202,10 @@ def recompute_findings(plan: dict[str, Any], rows: list[dict[str, Any]]) -> list
     if not plan.get("findings"):
         return []
     pids = plan["test_problems"]
-    at = {pid: i for i, pid in enumerate(pids)}
-    answers: list[list[str | None]] = [[] for _ in pids]
-    confs: list[list[float]] = [[] for _ in pids]
-    oks: list[dict[str | None, bool]] = [{} for _ in pids]
+    answers, confs, oks = _proposals(plan, rows)
     got: dict[tuple[str, int], dict[str, bool]] = {}
     for r in rows:
-        if r["kind"] == "proposal":
-            i = at[r["problem_id"]]
-            answers[i].append(r["answer"])
-            confs[i].append(r["confidence"])
-            oks[i][r["answer"]] = bool(r["correct"])
-        elif r["kind"] == "mesh":
+        if r["kind"] == "mesh":
             got.setdefault((r["condition"], r["repeat"]), {})[r["problem_id"]] = bool(r["correct"])
     votes = vote_matrix(answers, confs, oks, k_max=plan["samples"], resamples=plan["resamples"],
                         seed=plan["vote_seed"])
@@ -255,6 +275,11 @@ def verify_talkmesh(store: Any, public_key: bytes | None = None) -> VerifyReport
         except ArtifactError as e:
             raise SealError(f"talkmesh/talkmesh_findings.parquet: {str(e).splitlines()[0]}") from None
         check_recomputed("talkmesh/talkmesh_findings.parquet", found, expected)
+    try:
+        curves = store.raw_rows("talkmesh", "talkmesh_curves")
+    except ArtifactError as e:
+        raise SealError(f"talkmesh/talkmesh_curves.parquet: {str(e).splitlines()[0]}") from None
+    check_recomputed("talkmesh/talkmesh_curves.parquet", curves, recompute_curves(plan, rows))
     manifest = store.manifest("talkmesh", "talkmesh_sealed")
     if hashlib.sha256(store.read_bytes(SEALED)).hexdigest() != manifest.get("sha256"):
         raise SealError(f"{SEALED}: differs from its manifest")
@@ -262,4 +287,5 @@ def verify_talkmesh(store: Any, public_key: bytes | None = None) -> VerifyReport
 
 
 __all__ = ["planned_conditions", "build_plan", "commit_plan", "sealed_rows", "sign_head", "recompute_findings",
+           "recompute_curves",
            "verify_talkmesh", "PLAN", "PLAN_HASH", "SEALED"]

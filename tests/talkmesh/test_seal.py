@@ -113,6 +113,18 @@ def test_an_edited_plan_or_findings_table_is_caught(run_copy):
         verify_talkmesh(store)
 
 
+def test_an_edited_vote_curve_is_caught(run_copy):
+    _, rd = run_copy
+    store = ArtifactStore(rd)
+    # the vote baseline every mesh is read against, lowered at its largest k
+    curves = store.raw_rows("talkmesh", "talkmesh_curves")
+    i = max(range(len(curves)), key=lambda j: (curves[j]["method"] == "majority", curves[j]["k"]))
+    curves[i] = {**curves[i], "accuracy": curves[i]["accuracy"] - 0.1}
+    store.write("talkmesh", "talkmesh_curves", curves)
+    with pytest.raises(SealError, match=f"talkmesh_curves.parquet row {i}: accuracy="):
+        verify_talkmesh(store)
+
+
 def test_verify_cli_on_a_talkmesh_run(run_copy):
     from typer.testing import CliRunner
 
