@@ -135,9 +135,17 @@ class _Clock:
         self.samples = 0
         self._sample_s = 0.0  # sampling seconds since the last iteration end
 
-    def sampled(self, seconds: float) -> None:
-        """Add ``seconds`` spent sampling (the engine's generate call) to the running iteration."""
-        self._sample_s += seconds
+    def timing(self, fn: Any) -> Any:
+        """``fn`` wrapped so that the seconds each call takes count as sampling time of the
+        running iteration (a side wraps its sampling call with it)."""
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self._sample_s += time.perf_counter() - t
+
+        return timed
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -189,16 +197,7 @@ def side_ours(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: 
     sampler, release = _online_sampler(store, cfg, refs, specs, sampling, model_id(model_dir))
     per_iteration = cfg.rollout.samples_per_task * len(cfg.harnesses) * (cfg.train.prompts_per_step or 0)
     engine_cls = engine_class(cfg.policy.engine)
-    generate = engine_cls.generate  # the engine's sampling call, timed per iteration like TRL's
-
-    def timed_generate(self: Any, *a: Any, **k: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return generate(self, *a, **k)
-        finally:
-            clock.sampled(time.perf_counter() - t)
-
-    engine_cls.generate = timed_generate
+    engine_cls.generate = clock.timing(engine_cls.generate)  # the engine's sampling call, timed like TRL's
 
     def after(trainer: Any, it: int) -> None:
         clock.samples += per_iteration
@@ -297,16 +296,8 @@ def side_trl(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: i
                                                      target_modules=list(tc.lora.target_modules)),
                               callbacks=[Marks()])
         eos["ids"] = set(trainer.eos_token_ids)
-        generate = trainer._generate_single_turn  # TRL's sampling call (transformers generate), timed per step
-
-        def timed_generate(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return generate(*a, **k)
-            finally:
-                clock.sampled(time.perf_counter() - t)
-
-        trainer._generate_single_turn = timed_generate
+        # TRL's sampling call (transformers generate), timed per step
+        trainer._generate_single_turn = clock.timing(trainer._generate_single_turn)
         trainer.train()
     return clock.result(snapshots)
 

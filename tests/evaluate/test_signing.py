@@ -144,13 +144,11 @@ def test_missing_signature_and_bad_public_key_option(signed, tmp_path):
 def test_an_application_signature_is_registered_once():
     """tasks.talkmesh.seal registers its files on import; registering one of them (or a core file)
     with another context is refused, the same registration again is not."""
-    import pytest as _pytest
-
     from tasks.evaluate.signing import register_signature
-    from tasks.talkmesh.seal import PLAN_SIG, PUBLIC_KEY as TM_KEY
+    from tasks.talkmesh.seal import PLAN_SIG as TM_PLAN_SIG, PUBLIC_KEY as TM_KEY
 
-    register_signature(PLAN_SIG, b"harnessrl-talkmesh-plan:", TM_KEY)
-    with _pytest.raises(ValueError, match="already registered differently"):
-        register_signature(PLAN_SIG, b"harnessrl-plan:", TM_KEY)
-    with _pytest.raises(ValueError, match="already registered differently"):
+    register_signature(TM_PLAN_SIG, b"harnessrl-talkmesh-plan:", TM_KEY)
+    with pytest.raises(ValueError, match="already registered differently"):
+        register_signature(TM_PLAN_SIG, b"harnessrl-plan:", TM_KEY)
+    with pytest.raises(ValueError, match="already registered differently"):
         register_signature(HEAD_SIG, b"other:", PUBLIC_KEY)
