@@ -69,6 +69,7 @@ def infra_line(counts: dict[str, dict[str, Any]]) -> str:
             s += f" after retries ({c['infra_attempts']} sealed rows ended in one, {c['retries']} retries)"
         dropped = {arm: d["infra_error"] for arm, d in (c.get("dropped") or {}).items() if d.get("infra_error")}
         if dropped:
-            s += " (arms that dropped episodes for an infra error: " + ", ".join(f"{arm} {n}" for arm, n in dropped.items()) + ")"
+            s += " (arms that dropped episodes for an infra error: " \
+                + ", ".join(f"{arm} {n}" for arm, n in dropped.items()) + ")"
         parts.append(s)
     return "infra errors: " + ", ".join(parts) if parts else ""
