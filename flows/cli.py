@@ -284,7 +284,7 @@ def _print_summary(rd: Any, result: dict[str, Any], total: float, cfg: Any) -> N
     # compact (simple box, one line per row) so that it fits 80 columns without cutting a name
     from rich import box
 
-    from flows.summary import NEXT_CONFIG, reading
+    from flows.summary import NEXT_CONFIG, infra_line, reading
     from tasks.evaluate.stats import pass_at_1_intervals
 
     ev = result["evaluate"]["outputs"]
@@ -315,6 +315,11 @@ def _print_summary(rd: Any, result: dict[str, Any], total: float, cfg: Any) -> N
             q.add_row(c["name"], est, iv, str(c["n_tasks"]))
         console.print(q)
         console.print(reading(contrasts), highlight=False)
+    from tasks.analysis.infra import infra_counts, online_arm_names
+
+    line = infra_line(infra_counts(store, online_arm_names(cfg)))
+    if line:
+        console.print(line, highlight=False)
     if cfg.name in NEXT_CONFIG:
         console.print(f"next: {NEXT_CONFIG[cfg.name]}", highlight=False)
     console.print(f"run folder: {rd.resolve() if isinstance(rd, Path) else rd}")
@@ -410,12 +415,15 @@ def findings(
     copies the run's figures to docs/img/findings/ for the findings page. For a `harnessrl talkmesh`
     config (P3) the run's own seal is verified and its pre-registered findings printed, with the
     accuracy-vs-outputs figure.
-    Exit 1: the run does not verify; 2: no such run, or its plan names no findings."""
+    Exit 1: the run does not verify, or a stage has more infra errors than the findings threshold
+    (evaluate.max_infra_error_fraction; one line names the stage, the count and the threshold);
+    2: no such run, or its plan names no findings."""
     import json
     import subprocess
 
     from flows.findings import ARMS_FILE, finding_rows
     from schemas import ArtifactStore
+    from tasks.analysis.infra import InfraThresholdError
     from tasks.evaluate.seal import SealError
     from tasks.evaluate.verify import NotARunError
 
@@ -443,6 +451,9 @@ def findings(
     except NotARunError as e:
         typer.secho(f"NOT A RUN: {e}", fg="red", err=True)
         raise typer.Exit(2)
+    except InfraThresholdError as e:
+        typer.secho(f"NOT PUBLISHED: {rd}: {e}", fg="red", err=True)
+        raise typer.Exit(1)
     except SealError as e:
         typer.secho(f"NOT VERIFIED: {e}", fg="red", err=True)
         raise typer.Exit(2 if "names no findings" in str(e) else 1)

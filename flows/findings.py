@@ -23,6 +23,8 @@ FIGURES = ("pass_rate_heatmap", "learning_curves", "learning_vs_step", "ceiling_
 ARMS_FILE = "findings_arms.jsonl"
 # the numbers of a row that come from the run's eval_findings table, compared by verify
 ROW_NUMBERS = ("estimate", "ci_low", "ci_high", "n", "verdict", "control")
+# a row's infra-error fields (tasks.analysis.infra.row_fields), compared by verify where a row has them
+INFRA_FIELDS = ("infra_errors", "infra_planned", "infra_total", "infra_threshold")
 # P6: what an arm row carries of each analyze/step_failures row (steps, endings, errors; see tasks.analysis.steps)
 STEP_FIELDS = ("graded", "solved", "failed", "median_turns_solved", "mean_turns_solved", "median_turns_failed",
                "mean_turns_failed", "failed_submitted", "failed_max_turns", "failed_max_tokens", "failed_format_error",
@@ -47,23 +49,33 @@ def run_wall_s(store: ArtifactStore) -> float | None:
 
 def finding_rows(store: ArtifactStore, *, config: str, config_hash: str, commit: str,
                  public_key: bytes | None = None) -> list[dict[str, Any]]:
-    """One ``findings.jsonl`` row per finding of a verified run.
+    """One ``findings.jsonl`` row per finding of a verified run whose infra errors are within the
+    findings threshold its sealed plan fixes.
 
     Fields: ``paper``, ``name``, ``headline``, ``measure``, ``estimate``, ``ci_low``,
     ``ci_high``, ``level`` (the interval's confidence), ``n`` (tasks), ``verdict``, ``reason``,
     ``control`` (the random-reward control's estimate, None where the finding names no control),
     ``config`` (the config file), ``config_hash``, ``commit``, ``key_fingerprint`` (the sealed
-    evaluation's Ed25519 signing key) and ``wall_s`` (:func:`run_wall_s`).
+    evaluation's Ed25519 signing key), ``wall_s`` (:func:`run_wall_s`) and the infra-error
+    fields of :func:`tasks.analysis.infra.row_fields` (``infra_errors`` and ``infra_planned`` per
+    stage, ``infra_total``, ``infra_threshold``).
 
     Raises:
         NotARunError: not a run with a sealed evaluation.
         SealError: the run does not verify, or its plan names no findings.
+        InfraThresholdError: a stage has more infra errors than the threshold allows (one line
+            naming the stage, the count and the threshold); no row is returned.
     """
+    from tasks.analysis.infra import check_threshold, infra_counts, row_fields, threshold_of
     from tasks.evaluate.verify import verify_run
 
     rep = verify_run(store, public_key=public_key)
     if not store.exists("evaluate/eval_findings.parquet"):
         raise SealError(f"{store.url}: the sealed plan names no findings (evaluate.findings is not set)")
+    counts = infra_counts(store)
+    limit = threshold_of(store.read_json("evaluate/plan.json"))
+    check_threshold(counts, limit)
+    infra = row_fields(counts, limit)
     wall = run_wall_s(store)
     rows = []
     for f in store.rows(("evaluate", "eval_findings")):
@@ -71,7 +83,7 @@ def finding_rows(store: ArtifactStore, *, config: str, config_hash: str, commit:
                      "estimate": f["estimate"], "ci_low": f["ci_low"], "ci_high": f["ci_high"], "level": f["level"],
                      "n": f["n"], "verdict": f["verdict"], "reason": f["reason"], "control": f["control_estimate"],
                      "config": config, "config_hash": config_hash, "commit": commit,
-                     "key_fingerprint": rep.fingerprint, "wall_s": wall})
+                     "key_fingerprint": rep.fingerprint, "wall_s": wall, **infra})
     return rows
 
 
@@ -79,7 +91,9 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str)
     """Compare every row of ``findings_file`` whose ``config_hash`` starts with ``config_hash`` (a
     run folder's name ends in the first 10 characters of it) with the run's recomputed
     ``eval_findings`` (call after :func:`~tasks.evaluate.verify.verify_run`); returns how many
-    rows matched.
+    rows matched. A row that carries infra-error fields (:data:`INFRA_FIELDS`; rows published
+    before they existed do not) is also compared with the counts recomputed from the run's
+    artifacts (:func:`tasks.analysis.infra.infra_counts`).
 
     Raises:
         SealError: a row's number differs from the run's (naming the row, the field and both
@@ -87,6 +101,7 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str)
     """
     ours = {f["name"]: f for f in store.rows(("evaluate", "eval_findings"))} \
         if store.exists("evaluate/eval_findings.parquet") else {}
+    infra: dict[str, Any] | None = None
     n = 0
     for i, line in enumerate(findings_file.read_text().splitlines(), start=1):
         if not line.strip():
@@ -99,7 +114,15 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str)
             raise SealError(f"{findings_file}:{i}: finding {row.get('name')!r} is not in the run's eval_findings")
         want = {"estimate": f["estimate"], "ci_low": f["ci_low"], "ci_high": f["ci_high"], "n": f["n"],
                 "verdict": f["verdict"], "control": f["control_estimate"]}
-        for k in ROW_NUMBERS:
+        keys: tuple[str, ...] = ROW_NUMBERS
+        if any(k in row for k in INFRA_FIELDS):
+            if infra is None:
+                from tasks.analysis.infra import infra_counts, row_fields, threshold_of
+
+                infra = row_fields(infra_counts(store), threshold_of(store.read_json("evaluate/plan.json")))
+            want.update(infra)
+            keys += INFRA_FIELDS
+        for k in keys:
             if row.get(k) != want[k]:
                 raise SealError(f"{findings_file}:{i}: {k}={row.get(k)!r}, recomputed {want[k]!r}")
         n += 1

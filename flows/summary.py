@@ -51,3 +51,25 @@ def reading(contrasts: list[dict[str, Any]]) -> str:
     ns = {c.get("n_tasks") or 0 for c in contrasts if c.get("estimate") is not None}
     head = f"On the same {ns.pop()} held-out tasks, " if len(ns) == 1 else "On the held-out tasks each compares, "
     return head + "; ".join(parts) + "."
+
+
+def infra_line(counts: dict[str, dict[str, Any]]) -> str:
+    """One line of the infra errors per stage (:func:`tasks.analysis.infra.infra_counts`), e.g.
+    ``infra errors: rollout 161 of 640 episodes, train 0 of 0 sampled episodes, evaluate 0 of 1200
+    planned attempts after retries (3 sealed rows ended in one, 3 retries)``; the evaluation's
+    retries are named when any attempt hit an infra error, and a
+    training arm that dropped episodes for an infra error is named with its count. Empty without
+    counts."""
+    from tasks.analysis.infra import UNITS
+
+    parts = []
+    for stage, c in counts.items():
+        s = f"{stage} {c['infra_errors']} of {c['planned']} {UNITS[stage]}"
+        if stage == "evaluate" and c.get("infra_attempts"):
+            s += f" after retries ({c['infra_attempts']} sealed rows ended in one, {c['retries']} retries)"
+        dropped = {arm: d["infra_error"] for arm, d in (c.get("dropped") or {}).items() if d.get("infra_error")}
+        if dropped:
+            s += " (arms that dropped episodes for an infra error: " \
+                + ", ".join(f"{arm} {n}" for arm, n in dropped.items()) + ")"
+        parts.append(s)
+    return "infra errors: " + ", ".join(parts) if parts else ""

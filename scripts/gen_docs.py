@@ -288,6 +288,19 @@ def _yes_no(v: bool | None) -> str:
     return "n/a" if v is None else ("yes" if v else "no")
 
 
+def _infra_cell(row: dict) -> str:
+    """A findings row's infra errors: ``0 of N`` (N: every stage's denominator summed) when none,
+    else ``stage n/planned`` for each stage that had some; ``not recorded`` for a row published
+    before rows carried ``infra_errors``."""
+    errs = row.get("infra_errors")
+    if errs is None:
+        return "not recorded"
+    planned = row.get("infra_planned") or {}
+    if not any(errs.values()):
+        return f"0 of {sum(planned.values())}" if planned else "0 (no stage that can lose one)"
+    return ", ".join(f"{s} {n}/{planned.get(s, '?')}" for s, n in errs.items() if n)
+
+
 def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img" / "findings") -> str:
     """The findings table: one row per tested headline, newest first, from ``findings.jsonl``."""
     f = results / "findings.jsonl"
@@ -313,14 +326,20 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
     if not rows:
         return "\n".join(lines + ["No findings recorded yet: no findings config has been run to the end and "
                                    "published. Until one is, this page has no numbers.", ""])
-    lines += ["| paper | headline | measure | estimate | interval | n | control | verdict | config | commit | wall (s) |",
-              "| --- | --- | --- | ---: | --- | ---: | ---: | --- | --- | --- | ---: |"]
+    lines += ["An infra error is an attempt the infrastructure lost (a sandbox that did not start); the *infra "
+              "errors* column counts them per stage of the run (rollout, online training, the evaluation's final "
+              "attempts: [the threshold](experiments/findings-rules.md#infra-errors)); *not recorded*: a row "
+              "published before rows carried the count.", "",
+              "| paper | headline | measure | estimate | interval | n | control | verdict | config | commit | wall (s) "
+              "| infra errors |",
+              "| --- | --- | --- | ---: | --- | ---: | ---: | --- | --- | --- | ---: | --- |"]
     for r in rows[::-1]:
         iv = "n/a" if r.get("ci_low") is None else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
         lines.append("| " + " | ".join(_cell(str(x)) for x in [
             r["paper"], r["headline"], r["measure"], "n/a" if r.get("estimate") is None else f"{r['estimate']:+.3f}",
             iv, r["n"], "" if r.get("control") is None else f"{r['control']:+.3f}", f"**{r['verdict']}**" + (" (not sealed)" if r.get("sealed") is False else ""),
             f"`{r['config']}`", f"`{str(r['commit'])[:12]}`", "" if r.get("wall_s") is None else f"{r['wall_s']:.0f}",
+            _infra_cell(r),
         ]) + " |")
     af = results / "findings_arms.jsonl"
     arms: dict[str, list[dict]] = {}

@@ -145,7 +145,14 @@ def test_the_findings_page_shows_each_published_row_and_the_run_figures(tmp_path
     (figs / "p4-findings-abababab--pass_rate_heatmap.png").write_bytes(b"png")
     page = findings_page(tmp_path, figs)
     assert "| P4 | A \\| B | contrast | +0.123 | [-0.020, +0.250] | 120 | +0.010 | **inconclusive** |" in page
-    assert "`0123456789ab` | 5400 |" in page
+    assert "`0123456789ab` | 5400 | not recorded |" in page  # published before rows carried infra counts
+    infra = {"infra_errors": {"rollout": 3, "train": 0, "evaluate": 0},
+             "infra_planned": {"rollout": 640, "train": 0, "evaluate": 800}, "infra_total": 3, "infra_threshold": 0.01}
+    (tmp_path / "findings.jsonl").write_text(json.dumps({**row, **infra}) + "\n")
+    assert "| 5400 | rollout 3/640 |" in findings_page(tmp_path, figs)
+    none = {**infra, "infra_errors": {"rollout": 0, "train": 0, "evaluate": 0}, "infra_total": 0}
+    (tmp_path / "findings.jsonl").write_text(json.dumps({**row, **none}) + "\n")
+    assert "| 5400 | 0 of 1440 |" in findings_page(tmp_path, figs)
     assert "![pass_rate_heatmap of p4-findings-abababab](img/findings/p4-findings-abababab--pass_rate_heatmap.png)" in page
     # a row from an application run without a signed chain (P3's harnessrl talkmesh) says so
     (tmp_path / "findings.jsonl").write_text(json.dumps({**row, "paper": "P3", "sealed": False, "key_fingerprint": None})

@@ -171,6 +171,39 @@ class ReportInputs:
     arms: list[dict[str, Any]] = field(default_factory=list)
     learning_curve: list[dict[str, Any]] = field(default_factory=list)
     step_failures: list[dict[str, Any]] = field(default_factory=list)
+    infra: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def infra_section(counts: dict[str, dict[str, Any]]) -> list[str]:
+    """The report's infra-error section (Markdown lines): per stage of
+    :func:`tasks.analysis.infra.infra_counts` the attempts planned, the infra errors and their
+    fraction, and the retries (the evaluation's retry rows; no other stage retries), then
+    per training arm the episodes dropped from its batches by rule. Empty without counts."""
+    from tasks.analysis.infra import UNITS
+
+    if not counts:
+        return []
+    rows = []
+    for stage, c in counts.items():
+        rows.append([stage, f"{c['planned']} {UNITS[stage].split()[-1]}", str(c["infra_errors"]),
+                     _f(c["infra_errors"] / c["planned"]) if c["planned"] else "n/a",
+                     str(c["retries"]) if stage == "evaluate" else "none"])
+    out = ["## Infra errors", "",
+           "Attempts the infrastructure lost (a sandbox that did not start, an exec server that died). A rollout "
+           "or online-training episode lost so is never retried: training drops it. An evaluation attempt is "
+           "retried (`evaluate.infra_retries`); one still lost after that is out of every denominator. "
+           "`harnessrl findings` refuses to publish a run above its threshold (`evaluate.max_infra_error_fraction`, "
+           "default 0: any).", ""]
+    out += _table(["stage", "planned", "infra errors", "fraction", "retries"], rows, "lrrrr", keep=1) + [""]
+    dropped = (counts.get("train") or {}).get("dropped") or {}
+    if dropped:
+        rows = [[arm, str(d.get("infra_error", 0)),
+                 ", ".join(f"{k} {v}" for k, v in d.items() if k != "infra_error") or "none"]
+                for arm, d in dropped.items()]
+        out += ["Episodes dropped from each training arm's batches (a frozen arm's one pass over the rollouts; "
+                "an online arm's iterations summed):", ""]
+        out += _table(["arm", "infra_error", "other rules"], rows, "lrl", keep=1) + [""]
+    return out
 
 
 def _figure(inp: ReportInputs, name: str, caption: str) -> list[str]:
@@ -180,6 +213,7 @@ def _figure(inp: ReportInputs, name: str, caption: str) -> list[str]:
 def render_report(inp: ReportInputs) -> str:
     """The report as Markdown (a ``str``; sections appear only for the analyses that ran)."""
     out = [f"# harnessrl run `{inp.run_name}`", "", f"config hash `{inp.config_hash[:16]}`, model `{inp.model}`", ""]
+    out += infra_section(inp.infra)
     eps = inp.episodes
     out += ["## Training rollouts (base policy)", ""]
     rows = []

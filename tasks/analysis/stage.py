@@ -223,6 +223,7 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
     from tasks.analysis.ceiling import mismatch_cells
     from tasks.analysis.leakage import action_distributions, jsd_table
     from tasks.analysis.predictors import p1_points, r2_table
+    from tasks.analysis.infra import infra_counts, online_arm_names
     from tasks.analysis.report import ReportInputs, render_report
     from tasks.harnesses.frozen import harness_specs
 
@@ -348,7 +349,8 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
         eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
         predictors=predictors, p1_points=points, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
         figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
-        arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve, step_failures=steps_fail))
+        arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve, step_failures=steps_fail,
+        infra=infra_counts(store, online_arm_names(cfg))))
     if mesh_names:
         from tasks.analysis.report import talkmesh_section
 

@@ -92,7 +92,7 @@ class FindingConfig(_LaterOptions):
         return self
 
 
-class EvaluateConfig(_Strict):
+class EvaluateConfig(_LaterOptions):
     """Sealed evaluation of the test split: ``attempts`` samples per (record, checkpoint, harness).
 
     ``harnesses`` (None: the training ``harnesses``) may name harnesses never used in training:
@@ -105,6 +105,12 @@ class EvaluateConfig(_Strict):
     retry is a new sealed row referring to the original). Statistics: ``alpha`` (family-wise,
     Bonferroni over the contrasts), ``bootstrap_resamples`` task-clustered resamples, ``power``
     for the minimum detectable difference.
+    ``max_infra_error_fraction``: the findings rule on lost attempts (docs/experiments/findings-rules.md):
+    ``harnessrl findings`` refuses to publish a run where any stage (rollout, online training's
+    own sampling, the evaluation's final attempts) has more than ``floor(fraction * planned)``
+    infra errors; None (unset): the default 0, any infra error refuses
+    (:data:`tasks.analysis.infra.DEFAULT_MAX_INFRA_ERROR_FRACTION`). Set, it is sealed in the plan
+    and the pre-registration like the findings.
     """
 
     attempts: int = Field(default=4, ge=1)
@@ -119,6 +125,8 @@ class EvaluateConfig(_Strict):
     # the papers' headlines this run tests, with their verdict rules (tasks.evaluate.findings);
     # sealed in the plan and the pre-registration like the contrasts
     findings: list[FindingConfig] | None = None
+    max_infra_error_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
+    _later: ClassVar[tuple[str, ...]] = ("max_infra_error_fraction",)
 
     @field_validator("harnesses")
     @classmethod

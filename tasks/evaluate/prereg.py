@@ -38,13 +38,16 @@ def default_contrasts(checkpoints: list[dict[str, Any]], harnesses: list[str]) -
 def preregistration(cfg: "RunConfig") -> dict[str, Any]:
     """The pre-registered evaluation of ``cfg``: ``{"version", "harnesses", "held_out",
     "contrasts" (list of contrast dicts, or "default"), "alpha"}`` and, when the config names
-    findings, ``"findings"`` (each headline with its verdict rule)."""
+    findings, ``"findings"`` (each headline with its verdict rule), and when it sets
+    ``evaluate.max_infra_error_fraction``, that threshold."""
     contrasts = "default" if cfg.evaluate.contrasts is None else [c.model_dump(mode="json")
                                                                    for c in cfg.evaluate.contrasts]
     pre = {"version": 1, "harnesses": sorted(cfg.eval_harnesses()), "held_out": sorted(cfg.held_out_harnesses()),
            "contrasts": contrasts, "alpha": cfg.evaluate.alpha}
     if cfg.evaluate.findings:  # only when set: pre-registrations without findings keep their hash
         pre["findings"] = [f.model_dump(mode="json") for f in cfg.evaluate.findings]
+    if cfg.evaluate.max_infra_error_fraction is not None:  # likewise: only when set
+        pre["max_infra_error_fraction"] = cfg.evaluate.max_infra_error_fraction
     return pre
 
 
@@ -63,7 +66,7 @@ def write_preregistration(store: "ArtifactStore", cfg: "RunConfig") -> str:
 def differences(pre: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """How ``plan`` departs from the pre-registration ``pre``: one line per field (empty: none)."""
     out = []
-    for k in ("harnesses", "held_out", "alpha", "findings"):
+    for k in ("harnesses", "held_out", "alpha", "findings", "max_infra_error_fraction"):
         if plan.get(k) != pre.get(k):
             out.append(f"{k}: plan {plan.get(k)!r}, pre-registered {pre.get(k)!r}")
     want = default_contrasts(plan["checkpoints"], pre["harnesses"]) if pre.get("contrasts") == "default" \

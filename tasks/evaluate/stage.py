@@ -110,6 +110,9 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
         "sandbox": cfg.sandbox.model_dump(mode="json"),
         # the papers' headlines and their verdict rules (only when set: plans without keep their hash)
         **({"findings": [f.model_dump(mode="json") for f in cfg.evaluate.findings]} if cfg.evaluate.findings else {}),
+        # the findings threshold on infra errors, when the config sets it (unset: the documented default)
+        **({"max_infra_error_fraction": cfg.evaluate.max_infra_error_fraction}
+           if cfg.evaluate.max_infra_error_fraction is not None else {}),
         **({"suite_of": dict(sorted(suite_of.items()))} if suite_of else {}),
         "inputs": {k: v.sha256 for k, v in sorted(inputs.items())},
         # harnesses of a plugged-in loop type run with the rollout stage's fitted state (talkmesh:

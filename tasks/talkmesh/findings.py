@@ -187,7 +187,11 @@ def published_rows(store: Any, *, config: str, config_hash: str, commit: str, fr
     the TalkMesh task's ``total_s`` (seconds); None when the summary has no timing.
     ``key_fingerprint``: the signing key's, once :func:`tasks.talkmesh.seal.verify_talkmesh` has
     verified the run (``sealed`` True); None for a run made before TalkMesh runs were sealed
-    (``sealed`` False, with ``sealed_reason`` :data:`UNSEALED_REASON`).
+    (``sealed`` False, with ``sealed_reason`` :data:`UNSEALED_REASON`). The infra-error fields
+    of :func:`tasks.analysis.infra.row_fields` (``infra_errors``, ``infra_planned``,
+    ``infra_total``, ``infra_threshold``) are those of the run folder's stages: empty per-stage
+    maps for a ``harnessrl talkmesh`` run, which has no rollout, train or evaluate stage (no
+    sandbox; a failed generation stops the run instead of losing an attempt).
 
     Raises:
         FileNotFoundError: the run has no ``talkmesh_findings`` table (not run, or the config sets
@@ -201,6 +205,11 @@ def published_rows(store: Any, *, config: str, config_hash: str, commit: str, fr
     wall = timing.get("total_s")
     if wall is not None:
         wall += float(freeze_seconds or 0.0)
+    from tasks.analysis.infra import DEFAULT_MAX_INFRA_ERROR_FRACTION, infra_counts, row_fields
+
+    # this application runs no sandbox: every sample is an in-process model call and a failed one
+    # stops the run, so no stage of it counts infra errors (its freeze stage has no episodes either)
+    infra = row_fields(infra_counts(store), DEFAULT_MAX_INFRA_ERROR_FRACTION)
     calib: dict[str, Any] = {"train": None, "test": None}
     for r in store.rows(("talkmesh", "talkmesh_calibration")):
         calib[r["split"]] = {"ece": r["ece"], "brier": r["brier"]}
@@ -213,7 +222,7 @@ def published_rows(store: Any, *, config: str, config_hash: str, commit: str, fr
                      "calibration": calib, "config": config, "config_hash": config_hash, "commit": commit,
                      "key_fingerprint": key_fingerprint, "sealed": key_fingerprint is not None,
                      **({} if key_fingerprint else {"sealed_reason": UNSEALED_REASON}),
-                     "wall_s": None if wall is None else round(wall, 1)})
+                     "wall_s": None if wall is None else round(wall, 1), **infra})
     return rows
 
 

@@ -151,12 +151,22 @@ def test_action_jsd_separates_harnesses_not_checkpoints(analyzed):
     assert all(r["jsd_bits"] == pytest.approx(0.0) for r in rows if r["scope"] == "between_checkpoints")
 
 
+def out_ev(store):
+    return store.ref("evaluate", "eval_cells")
+
+
 def test_report_and_figures(analyzed):
     _, store, _, out = analyzed
     report = store.read_bytes(REPORT).decode()
     for section in ("## Sealed evaluation", "## P1: harness ceiling minus mismatch", "## P4: Within vs Cross grouping",
                     "qwen-code-like (held out)", "R^2"):
         assert section in report
+    # the infra errors per stage, read from the artifacts: none in this scripted run (no online arm)
+    n_eps = store.manifest("rollout", "episodes")["rows"]
+    planned = sum(c["planned"] for c in store.rows(out_ev(store)) if c["kind"] == "cell")
+    assert f"| rollout | {n_eps} episodes | 0 | 0.000 | none |" in report
+    assert "| train | 0 episodes | 0 | n/a | none |" in report
+    assert f"| evaluate | {planned} attempts | 0 | 0.000 | 0 |" in report and planned == 20 * 3 * 3 * 4
     figs = store.list_files("analyze/plots")
     assert [f.rsplit("/", 1)[-1] for f in figs] == ["action_jsd.png", "ceiling_vs_return.png", "leakage.png", "learning_curves.png",
                                                    "pass_rate_heatmap.png", "r2_comparison.png",

@@ -127,9 +127,14 @@ def test_published_rows_copy_the_verified_findings_and_verify_catches_an_edited_
     need = {"paper", "headline", "measure", "estimate", "ci_low", "ci_high", "n", "verdict", "control", "config",
             "config_hash", "commit", "key_fingerprint", "wall_s"}
     assert need <= set(rows[0]) and rows[0]["key_fingerprint"] and rows[1]["control"] is not None
+    # no infra error in this run; its folder has a rollout (1 episode) and an evaluation, no train_steps
+    assert rows[0]["infra_errors"] == {"rollout": 0, "evaluate": 0} and rows[0]["infra_total"] == 0
+    assert rows[0]["infra_planned"] == {"rollout": 1, "evaluate": 20 * 2 * 2 * 2} and rows[0]["infra_threshold"] == 0.0
     f = tmp_path / "findings.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({**rows[0], "config_hash": "ff"}) + "\n")
-    assert check_published(store, f, "abab") == 2  # the other run's row is not this run's business
+    old = {k: v for k, v in rows[0].items() if not k.startswith("infra_")}  # a row published before the infra fields
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({**rows[0], "config_hash": "ff"}) + "\n"
+                 + json.dumps(old) + "\n")
+    assert check_published(store, f, "abab") == 3  # the other run's row is not this run's business
     rows[1]["ci_low"] = rows[1]["ci_low"] + 0.01
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(SealError, match=r"findings.jsonl:2: ci_low="):
@@ -274,3 +279,85 @@ def test_later_options_left_unset_keep_a_configs_hash_and_bad_ones_are_refused()
         RunConfig.model_validate(cfg)
     cfg["evaluate"]["contrasts"][0]["suite"] = "reasoning_gym/basic_arithmetic"
     assert RunConfig.model_validate(cfg).evaluate.contrasts[0].suite == "reasoning_gym/basic_arithmetic"
+
+
+def _infra_cfg(fraction=None):
+    data = _cfg().model_dump(mode="json", exclude_none=True)
+    if fraction is not None:
+        data["evaluate"]["max_infra_error_fraction"] = fraction
+    return RunConfig.model_validate(data)
+
+
+def _infra_run(tmp, cfg):
+    store, refs, *_ = _store(tmp, cfg)
+    run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner(p_resolve={"direct": 0.7, "react-python": 0.1},
+                                                                 infra_rate=0.1, seed=5))
+    return store
+
+
+def _final_infra(store):
+    """The evaluation's planned attempts and those still infra_error, counted here from the sealed rows."""
+    last = {}
+    for r in store.rows(("evaluate", "evaluations")):
+        key = (r["checkpoint"], r["harness_name"], r["record_id"], r["attempt"])
+        if key not in last or r["retry"] > last[key]["retry"]:
+            last[key] = r
+    return len(last), sum(r["status"] == "infra_error" for r in last.values())
+
+
+def test_a_run_with_infra_errors_above_the_threshold_is_not_published(tmp_path):
+    import json
+
+    import yaml
+
+    from flows.findings import finding_rows
+    from tasks.analysis.infra import InfraThresholdError
+
+    cfg = _infra_cfg()  # the threshold unset: the default 0
+    assert "max_infra_error_fraction" not in cfg.model_dump(mode="json")["evaluate"]  # config hash as before
+    assert cfg.config_hash() == _cfg().config_hash()
+    store = _infra_run(tmp_path, cfg)
+    planned, lost = _final_infra(store)
+    assert planned == 20 * 2 * 2 * 2 and lost > 0  # test tasks x harnesses x checkpoints x attempts
+    with pytest.raises(InfraThresholdError, match=rf"^evaluate: {lost} infra error\(s\) of {planned} planned attempts, "
+                                                  r"above the findings threshold of 0 "):
+        finding_rows(store, config="c.yaml", config_hash="ab" * 32, commit="c0ffee")
+    cfg_file = tmp_path / "infra.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
+    out = tmp_path / "findings.jsonl"
+    r = CliRunner().invoke(app, ["findings", "-c", str(cfg_file), "--run-dir", str(store.root), "--append", str(out)])
+    assert r.exit_code == 1, r.output
+    err = [x for x in r.output.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith("NOT PUBLISHED: ") and f"evaluate: {lost} infra error(s)" in err[0]
+    assert "threshold of 0" in err[0] and not out.exists()  # nothing appended
+    # the threshold in the rules, sealed with the plan: a run within it is published with its counts
+    cfg2 = _infra_cfg(0.5)
+    store2 = _infra_run(tmp_path / "lenient", cfg2)
+    plan = store2.read_json("evaluate/plan.json")
+    from tasks.evaluate.prereg import preregistration
+
+    assert plan["max_infra_error_fraction"] == 0.5 == preregistration(cfg2)["max_infra_error_fraction"]
+    assert "max_infra_error_fraction" not in store.read_json("evaluate/plan.json")
+    rows = finding_rows(store2, config="c.yaml", config_hash="cd" * 32, commit="c0ffee")
+    planned2, lost2 = _final_infra(store2)
+    assert {k: rows[0][k] for k in ("infra_errors", "infra_planned", "infra_total", "infra_threshold")} == {
+        "infra_errors": {"rollout": 0, "evaluate": lost2}, "infra_planned": {"rollout": 1, "evaluate": planned2},
+        "infra_total": lost2, "infra_threshold": 0.5}
+    # harnessrl verify --findings recomputes a row's infra counts: an edited count is caught
+    from flows.findings import check_published
+    from tasks.evaluate.seal import SealError
+
+    f = tmp_path / "published.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    assert check_published(store2, f, "cdcd") == 2
+    rows[1]["infra_errors"] = {"rollout": 0, "evaluate": lost2 - 1}
+    f.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    with pytest.raises(SealError, match=r"published.jsonl:2: infra_errors="):
+        check_published(store2, f, "cdcd")
+
+
+def test_a_bad_infra_threshold_is_refused_at_load():
+    data = _cfg().model_dump(mode="json", exclude_none=True)
+    data["evaluate"]["max_infra_error_fraction"] = 1.5
+    with pytest.raises(ValueError, match="max_infra_error_fraction"):
+        RunConfig.model_validate(data)

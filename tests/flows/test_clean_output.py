@@ -50,6 +50,11 @@ def test_a_normal_run_prints_no_traceback_error_or_warning(tiny_model_dir, tmp_p
     label = run_label(load_config(cfg_path))
     assert f"Beginning flow run '{label}'" in out and f"Beginning subflow run 'freeze · {label}'" in out
     assert "sealed evaluation (test split)" in out
+    # the infra errors per stage, counted from the run's artifacts (none in a normal run)
+    infra = [ln for ln in lines if ln.startswith("infra errors: ")]
+    assert len(infra) == 1 and infra[0].startswith("infra errors: rollout 0 of "), infra
+    assert ", evaluate 0 of " in infra[0]
+    assert "## Infra errors" in (tmp_path / "run" / "analyze" / "report.md").read_text()
 
 
 BURST = """

@@ -266,6 +266,8 @@ def test_tiny_findings_run(tiny_findings):
                                                                             f["verdict"])
     assert r0["wall_s"] == round(timing["total_s"] + 2.0, 1)
     assert set(r0["calibration"]) == {"train", "test"} and 0.0 <= r0["calibration"]["train"]["ece"] <= 1.0
+    # no rollout, train or evaluate stage in a harnessrl talkmesh folder: nothing that could lose an attempt
+    assert (r0["infra_errors"], r0["infra_planned"], r0["infra_total"]) == ({}, {}, 0)
     report = (tmp_path / "talkmesh" / "report.md").read_text()
     assert "## Pre-registered findings (sealed" in report and f"**{f['verdict']}**" in report
     assert "| mesh-base-n2 | 2 |" in report
