@@ -19,7 +19,7 @@ pid namespace and frees the tmpfs with the mount namespace. No host file is crea
 from __future__ import annotations
 
 import os
-import select
+import selectors
 import shutil
 import signal
 import subprocess
@@ -91,6 +91,12 @@ class BwrapSandbox(ServerSandbox):
             self._err.close()
             raise SandboxError(f"bwrap failed to start: {e}") from e
         self._buf = bytearray()
+        # one poll-based selector per sandbox, registered once: poll(2) takes any descriptor number
+        # (select(2) stops at FD_SETSIZE = 1024, which hundreds of open sandboxes pass) and, unlike
+        # epoll, holds no descriptor of its own
+        assert self._proc.stdout is not None
+        self._sel = selectors.PollSelector()
+        self._sel.register(self._proc.stdout.fileno(), selectors.EVENT_READ)
         try:
             self._call({"op": "ping"}, 15.0)
         except SandboxError as e:
@@ -111,8 +117,7 @@ class BwrapSandbox(ServerSandbox):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("no reply from the exec server in time")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
+            if self._sel.select(left):
                 chunk = os.read(fd, max(65536, n - len(self._buf)))
                 if not chunk:
                     raise EOFError("the sandbox's exec server exited")
@@ -148,6 +153,9 @@ class BwrapSandbox(ServerSandbox):
                 except OSError:
                     pass
             proc.wait()
+        sel = getattr(self, "_sel", None)
+        if sel is not None:
+            sel.close()
         self._err.close()
 
     def host_pids(self) -> list[int]:
