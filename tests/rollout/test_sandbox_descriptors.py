@@ -122,3 +122,21 @@ def test_planned_sandboxes_per_runner():
         planned_sandboxes([1], "x", 1)
     with pytest.raises(ValueError, match="backend='podman'"):
         ensure_descriptors(1, "podman", "t")
+
+
+def test_a_sandbox_holds_its_counted_descriptors_and_no_more_across_calls():
+    """What the plan counts per sandbox (FDS_PER_SANDBOX) is what one holds; its waits hold none
+    per call (no selector leaked per call), and cleanup gives every one back."""
+    require("bubblewrap", bwrap_missing())
+    from tasks.rollout.sandbox import make_sandbox
+
+    before = open_descriptors()
+    sbx = make_sandbox(SandboxConfig(wall_s=5, cpu_s=2))
+    try:
+        assert open_descriptors() == before + FDS_PER_SANDBOX["bwrap"]
+        for i in range(20):
+            assert sbx.exec(["echo", str(i)]).stdout == f"{i}\n"
+        assert open_descriptors() == before + FDS_PER_SANDBOX["bwrap"]
+    finally:
+        sbx.cleanup()
+    assert open_descriptors() == before
