@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 import textwrap
@@ -140,3 +141,50 @@ def test_a_sandbox_holds_its_counted_descriptors_and_no_more_across_calls():
     finally:
         sbx.cleanup()
     assert open_descriptors() == before
+
+
+@pytest.mark.parametrize(("rollout", "planned"), [({"task_runner": "serial"}, 400),
+                                                   ({"task_runner": "thread", "workers": 2, "shard_size": 160}, 320)])
+def test_run_records_refuses_a_plan_the_hard_limit_cannot_hold_before_any_episode(rollout, planned):
+    """100 react-python records x 4 samples: every episode has a sandbox tool. Serial, one shard:
+    400 sandboxes open at once; thread with 2 workers and shards of 160, 160 and 80 episodes: 320
+    (one shard alone, 160, would fit). Under a hard limit of 1024 descriptors neither plan fits
+    (3 each + 256 spare), and nothing is sampled: the policy is never touched."""
+    code = textwrap.dedent(f"""
+        import json, resource
+        from tasks.config import RunConfig
+        from tasks.harnesses.spec import HarnessSpec
+        from tasks.records.freeze import freeze_tables
+        from tasks.rollout.runner import run_records
+        from tasks.rollout.sandbox.limits import HostLimitError
+
+        class Untouched:
+            policy_id = "p"
+            def __getattr__(self, name):
+                raise AssertionError("the policy was used: " + name)
+
+        cfg = RunConfig.model_validate({{"name": "fds", "seed": 0, "harnesses": ["react-python"],
+                                         "suites": [{{"name": "basic_arithmetic", "size": 100, "seed": 0}}],
+                                         "rollout": {rollout!r}}})
+        tasks, harnesses, records = freeze_tables(cfg)
+        specs = {{h["harness_id"]: HarnessSpec.model_validate(json.loads(h["spec_json"])) for h in harnesses}}
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+        try:
+            run_records(Untouched(), cfg, specs, {{t["task_id"]: t for t in tasks}}, records, 4, 0, "rollout")
+        except HostLimitError as e:
+            print(e)
+    """)
+    # its own process group: a run that was not refused starts Prefect's temporary server, which
+    # a timeout must not leave behind
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"run_records was not refused: the {planned} planned sandboxes went on to run")
+    assert proc.returncode == 0, err[-3000:]
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    assert res.stdout.startswith(f"rollout: {planned} bwrap sandboxes may be open at once"), res.stdout
+    assert "hard RLIMIT_NOFILE is 1024" in res.stdout
