@@ -13,8 +13,9 @@ While the episodes of turn 1 are sampled every sandbox is open; the policy takes
 there: bwrap sandboxes alive (``peak_sandboxes``, children of this process named ``bwrap``), the
 highest descriptor number of this process (``peak_fd``; ``select(2)`` refuses numbers above
 1023), and the proportional set size of every sandbox process (``sandbox_pss_mib``, from each
-process's ``/proc`` smaps; seconds for 1,000 sandboxes, counted in ``wall_s``). ``--hold-fds N`` opens N descriptors (``/dev/null``) before the rollout, so that even a
-small run puts its sandboxes' pipes above 1023.
+process's ``/proc`` smaps; seconds for 1,000 sandboxes, counted in ``wall_s``). ``--hold-fds N``
+opens N descriptors (``/dev/null``) before the rollout, so that even a small run puts its
+sandboxes' pipes above 1023.
 
 Figures: ``infra_errors`` (episodes with status ``infra_error``; the goal is 0), ``lost`` (episodes
 not ``ok``), ``wall_s`` (the ``run_records`` call), ``host_peak_rss_mib`` (this process, ru_maxrss),
@@ -178,7 +179,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policy": "scripted (deterministic: turn 0 runs one python tool call, turn 1 answers); "
                   "tests the sandbox and harness loop, not a model",
         "path": "tasks.rollout.runner.run_records, serial runner, one shard, harness react-python, backend bwrap",
-        "cpu_model": cpu_model(), "mem_total_mib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20),
+        "cpu_model": cpu_model(),
+        "mem_total_mib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20),
         "loadavg_1m_at_start": round(load[0], 2),
         "episodes": len(eps), "tasks": args.tasks, "samples": args.samples, "parallel": args.parallel,
         "hold_fds": args.hold_fds,

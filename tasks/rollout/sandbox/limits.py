@@ -13,9 +13,11 @@ sandbox section):
   refuses, in one line, when even the hard limit cannot hold it.
 - **processes**: 2 between execs (bwrap and the exec server), under host uid 65534 when the host
   process is root; bounded by ``kernel.pid_max`` and the RLIMIT_NPROC of the host process.
-- **memory**: about 6 MiB of proportional set size between execs (bwrap + an idle Python exec
-  server), plus what the task writes to its tmpfs; an exec adds its own processes, at most
-  ``sandbox.parallel`` of them running at once per shard.
+- **memory**: between execs, about 6 MiB of proportional set size (bwrap + an idle Python exec
+  server) and 7 MiB of the host's MemAvailable with the kernel's namespace structures (1,000
+  sandboxes on an AMD EPYC host, the benchmark's row), plus what the task writes to its tmpfs;
+  an exec adds its own processes, at most ``sandbox.parallel`` of them running at once per shard.
+  Not checked here: no cgroup bounds the sum (see :mod:`tasks.rollout.sandbox.bwrap`).
 """
 
 from __future__ import annotations
