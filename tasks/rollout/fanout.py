@@ -250,12 +250,20 @@ def run_shard(inp: ShardInput, policy: Any, on_turns: Callable[[int], None] | No
     The process's torch intra-op thread count is pinned to ``inp.torch_threads`` first: it changes
     CPU reduction order, and so bf16 log-probs (measured on SmolLM2: 4 of 24 turns differ between
     1 and 2 threads); Dask's workers start with ``OMP_NUM_THREADS=1``.
+
+    Raises:
+        tasks.rollout.sandbox.limits.HostLimitError: the hard RLIMIT_NOFILE of this process
+            cannot hold the shard's sandboxes (checked before the policy loads).
     """
+    from tasks.rollout.harness import run_episodes
+    from tasks.rollout.sandbox.limits import ensure_descriptors, episode_sandboxes
+
+    # the shard's sandboxes are all open at once (a dask/ray worker process has not been checked)
+    ensure_descriptors(episode_sandboxes(inp.spec, [inp.tasks[r["task_id"]] for r in inp.records], inp.shard.samples),
+                       inp.sandbox.backend, f"{inp.tag}: {inp.shard.label}")
     pin_torch_threads(inp.torch_threads)
     if isinstance(policy, PolicySource):
         policy = cached_policy(policy)
-    from tasks.rollout.harness import run_episodes
-
 
     jobs = episode_jobs(inp.records, inp.tasks, inp.shard.samples, inp.seed, inp.tag, policy.policy_id)
     eps, turns = run_episodes(policy, inp.spec, jobs, inp.sandbox,

@@ -59,6 +59,8 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
 
     Raises:
         tasks.rollout.fanout.ShardError: a shard failed (the message names it).
+        tasks.rollout.sandbox.limits.HostLimitError: the hard RLIMIT_NOFILE cannot hold the
+            sandboxes the plan opens at once in this process (raised before any episode runs).
         ValueError: a policy object with the ``dask`` or ``ray`` runner; or a shard's episodes
             came back in another order than its jobs (an engine contract violation); a harness of
             a plugged-in loop type with no state in ``loop_states``.
@@ -82,6 +84,12 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
         recs = [by_id[i] for i in sh.record_ids]
         inputs.append(ShardInput(sh, specs[sh.harness_id], recs, {r["task_id"]: tasks[r["task_id"]] for r in recs},
                                  seed, tag, cfg.sandbox, threads))
+    # every sandbox of a shard is open at once: make room for the plan's descriptors in this
+    # process (worker processes of dask/ray check their own shard in run_shard) or refuse now
+    from tasks.rollout.sandbox.limits import ensure_descriptors, episode_sandboxes, planned_sandboxes
+
+    per_shard = [episode_sandboxes(i.spec, [i.tasks[r["task_id"]] for r in i.records], samples) for i in inputs]
+    ensure_descriptors(planned_sandboxes(per_shard, rc.task_runner, rc.workers), cfg.sandbox.backend, tag)
     results = iter_fan_out(inputs, policy, rc)  # lazy: nothing runs before the first next()
     pending = list(inputs)  # in harness-name order, as hids below
     hids = sorted({r["harness_id"] for r in records}, key=lambda h: (specs[h].name, h))

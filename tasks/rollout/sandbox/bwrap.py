@@ -10,16 +10,20 @@ is root, bwrap itself is started as host uid 65534 too (so the sandbox's uid map
 ``nobody``, never to root). ``--die-with-parent`` ends the tree if the host process dies.
 
 The exec server (``server.py``) is the namespace's process 1 (``--as-pid-1``); requests go over
-bwrap's stdin/stdout pipes. Memory is bounded per process (RLIMIT_AS) and by the tmpfs sizes; no
-cgroup bounds the sum over processes (at most ``max_procs`` of them): see the README's sandbox
-section. :meth:`BwrapSandbox.cleanup` SIGKILLs bwrap; the kernel then kills every process of the
-pid namespace and frees the tmpfs with the mount namespace. No host file is created.
+bwrap's stdin/stdout pipes, and replies are waited for with ``poll(2)`` (a ``PollSelector``
+registered once per sandbox), which takes any descriptor number: ``select(2)`` refused the pipes
+of the sandboxes opened once the process held 1,024 descriptors. A sandbox holds 3 descriptors in
+the host process (``tasks/rollout/sandbox/limits.py``). Memory is bounded per process (RLIMIT_AS)
+and by the tmpfs sizes; no cgroup bounds the sum over processes (at most ``max_procs`` of them):
+see the README's sandbox section. :meth:`BwrapSandbox.cleanup` SIGKILLs bwrap; the kernel then
+kills every process of the pid namespace and frees the tmpfs with the mount namespace. No host
+file is created.
 """
 
 from __future__ import annotations
 
 import os
-import select
+import selectors
 import shutil
 import signal
 import subprocess
@@ -91,6 +95,12 @@ class BwrapSandbox(ServerSandbox):
             self._err.close()
             raise SandboxError(f"bwrap failed to start: {e}") from e
         self._buf = bytearray()
+        # one poll-based selector per sandbox, registered once: poll(2) takes any descriptor number
+        # (select(2) stops at FD_SETSIZE = 1024, which hundreds of open sandboxes pass) and, unlike
+        # epoll, holds no descriptor of its own
+        assert self._proc.stdout is not None
+        self._sel = selectors.PollSelector()
+        self._sel.register(self._proc.stdout.fileno(), selectors.EVENT_READ)
         try:
             self._call({"op": "ping"}, 15.0)
         except SandboxError as e:
@@ -111,8 +121,7 @@ class BwrapSandbox(ServerSandbox):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("no reply from the exec server in time")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
+            if self._sel.select(left):
                 chunk = os.read(fd, max(65536, n - len(self._buf)))
                 if not chunk:
                     raise EOFError("the sandbox's exec server exited")
@@ -148,6 +157,9 @@ class BwrapSandbox(ServerSandbox):
                 except OSError:
                     pass
             proc.wait()
+        sel = getattr(self, "_sel", None)
+        if sel is not None:
+            sel.close()
         self._err.close()
 
     def host_pids(self) -> list[int]:
