@@ -96,8 +96,9 @@ def numpy_facts() -> dict[str, Any]:
 
     blas = [p for p in threadpool_info() if p.get("user_api") == "blas"]
     # numpy's own: the library under numpy's folder or its wheel's numpy.libs (scipy may load another)
-    home = os.path.dirname(os.path.abspath(np.__file__))
-    own = [p for p in blas if str(p.get("filepath", "")).startswith((home + os.sep, home + ".libs" + os.sep))]
+    home = os.path.dirname(os.path.realpath(np.__file__))
+    own = [p for p in blas if os.path.realpath(str(p.get("filepath", ""))).startswith((home + os.sep,
+                                                                                        home + ".libs" + os.sep))]
     blas = [{k: p.get(k) for k in ("internal_api", "version", "architecture", "threading_layer")} for p in own or blas]
     return {"version": np.__version__, "simd": simd, "blas": blas}
 
