@@ -10,6 +10,7 @@ another number of threads is summed in another order). :func:`machine_facts` gat
 content (Parquet bytes, config hash, plan hash), so two machines write the same artifact SHA-256
 whenever they compute the same rows.
 
+The facts are the writing process's: rollout shards run on a cluster's workers ran on theirs.
 Everything but the thread counts is computed once per process (:func:`static_facts`, cached); the
 thread counts are read at each write (the stages change torch's count while they run). The
 ``numpy`` part (:func:`numpy_facts`) imports no torch: ``harnessrl verify``, which recomputes
