@@ -148,7 +148,7 @@ REL_TOL = 1e-9
 ABS_TOL = 1e-12
 
 
-def _close(a: Any, b: Any) -> bool:
+def floats_close(a: Any, b: Any) -> bool:
     """Equal, or two floats within REL_TOL / ABS_TOL of each other (NaN matches NaN)."""
     if a == b:
         return True
@@ -177,7 +177,7 @@ def check_recomputed(path: str, got: list[dict[str, Any]], expected: list[dict[s
 
     def same(e: dict[str, Any], g: dict[str, Any], k: str) -> bool:
         if within_tolerance is not None and within_tolerance(e, k):
-            return _close(g.get(k), e[k])
+            return floats_close(g.get(k), e[k])
         return g.get(k) == e[k]
 
     for i, (g, e) in enumerate(zip(got, expected)):

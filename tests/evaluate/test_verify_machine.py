@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -142,3 +143,34 @@ def test_verify_under_another_openblas_core_type_names_it_and_verifies(run, tmp_
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"{here[0]}), recomputing on " in out and f"{forced}; OPENBLAS_CORETYPE={forced})" in out, out
     assert "verified:" in out
+
+
+def test_a_p1_interval_end_at_the_margin_may_change_its_verdict_on_another_machine_only(run, tmp_path):
+    """The run's p1 interval ends at 0 up to rounding (R^2 gaps of equal predictors): on another
+    BLAS kernel that end may land below the margin and the rule says "not reproduced"; verify then
+    asks that the recorded verdict follow from the recorded numbers, not that it be the same."""
+    from tasks.evaluate.findings import verdict
+
+    (p1,) = pq.read_table(run / "evaluate/eval_findings.parquet").to_pylist()
+    assert abs(p1["ci_high"]) < 1e-12 and p1["verdict"] == "inconclusive", p1
+
+    def other_kernel(rows):  # what another kernel could have written: the end a few ulps below 0
+        r = rows[0]
+        r["ci_high"] = -abs(r["ci_high"]) or -1e-16
+        r["verdict"], r["reason"] = verdict(r["claim"], r["estimate"], r["ci_low"], r["ci_high"], r["margin"],
+                                            r["control_estimate"])
+        assert r["verdict"] == "not reproduced"
+
+    flipped = _copy(run, tmp_path / "flipped", _intel())
+    _rewrite(flipped / "evaluate/eval_findings.parquet", other_kernel)
+    code, out = _verify(flipped)
+    assert code == 0, out
+    same = _copy(run, tmp_path / "same")
+    _rewrite(same / "evaluate/eval_findings.parquet", other_kernel)
+    code, out = _verify(same)
+    assert code == 1 and "eval_findings.parquet row 0: ci_high=" in out, out
+    # a verdict the recorded numbers do not give is caught on any machine
+    forged = _copy(run, tmp_path / "forged", _intel())
+    _rewrite(forged / "evaluate/eval_findings.parquet", lambda rows: rows[0].update(verdict="reproduced"))
+    code, out = _verify(forged)
+    assert code == 1 and "eval_findings.parquet row 0: verdict='reproduced'" in out, out
