@@ -115,8 +115,8 @@ def recompute_note(store: ArtifactStore, talkmesh: bool = False) -> str | None:
     tables = TALKMESH_TABLES if talkmesh else EVALUATE_TABLES
     if not kernels_differ(store, tables):
         return None
-    recorded = recorded_machines(store, tables)
-    known = next((m for m in recorded if m), None)
+    here = numpy_kernel(light_facts())
+    known = next((m for m in recorded_machines(store, tables) if m and numpy_kernel(m) != here), None)
     was = describe(known) if known else "an unrecorded machine (manifests written before machines were recorded)"
     head = (f"recorded on {was}, recomputing on {describe(light_facts())}: recomputed statistics may differ in the "
             "last bits; sealed hashes are checked as bytes")
