@@ -29,7 +29,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-pytestmark = pytest.mark.slow  # three fresh processes of four stages each: ~20 s on 2 idle cores
+pytestmark = pytest.mark.slow  # three fresh processes of four stages each: ~12 s of CPU each, run side by side
 
 REPO = Path(__file__).resolve().parents[1]
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
