@@ -50,16 +50,15 @@ EVALUATIONS = "evaluate/evaluations.parquet"
 STATS = ("eval_cells", "eval_contrasts")
 
 
+P1_VALUES = ("estimate", "ci_low", "ci_high")
 # Per recomputed table: which values' last bits depend on the machine's float kernels (expected
 # row, column -> True), compared within REL_TOL when the recording machine differs
 KERNEL_DEPENDENT: dict[str, Callable[[dict[str, Any], str], bool]] = {
     # min_detectable_difference: statistics.NormalDist.inv_cdf calls libm's log
     "eval_contrasts": lambda row, col: col == "mdd",
     # predictor_gap: np.corrcoef's covariance is a BLAS dot
-    "eval_findings": lambda row, col: row.get("measure") == "p1_predictor_gap" and col in ("estimate", "ci_low",
-                                                                                          "ci_high"),
+    "eval_findings": lambda row, col: row.get("measure") == "p1_predictor_gap" and col in P1_VALUES,
 }
-P1_VALUES = ("estimate", "ci_low", "ci_high")
 
 
 def _p1_verdict_on_recorded_numbers(expected: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
