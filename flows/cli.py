@@ -336,8 +336,11 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
            findings_file: Optional[Path] = typer.Option(None, "--findings", help="also compare the rows of this "
                                                         "findings JSONL file that name the run's config hash")) -> None:
     """Recompute a run's sealed evaluation (plan hash, checkpoint files, hash chain, statistics,
-    exports, Inspect logs) and its Ed25519 signatures (with --public-key: by that key). Exit 0: verified; 1: tampered (the first difference is named);
-    2: not a run, or unreadable (one line says which)."""
+    exports, Inspect logs) and its Ed25519 signatures (with --public-key: by that key). On another CPU
+    or numpy kernel than the one recorded in the statistics' manifests, one line says so and which
+    recomputed values are then compared within tolerance (hashes and exports stay bytes).
+    Exit 0: verified; 1: tampered (the first difference is named); 2: not a run, or unreadable (one
+    line says which)."""
     from schemas import ArtifactError, ArtifactStore
     from tasks.evaluate.exports import check_inspect_logs
     from tasks.evaluate.seal import SealError
@@ -369,6 +372,11 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
         typer.secho(f"{'--witness' if witness else '--findings'}: not built for a TalkMesh run (harnessrl talkmesh "
                     "records no witness and its findings rows are checked by harnessrl findings)", fg="red", err=True)
         raise typer.Exit(2)
+    from tasks.evaluate.verify import recompute_note
+
+    note = recompute_note(ArtifactStore(run_dir), talkmesh=talkmesh)
+    if note:  # another CPU or numpy kernel than the one that wrote the statistics: say what is exact
+        typer.secho(note, fg="yellow")
     try:
         if talkmesh:  # harnessrl talkmesh's own seal: plan, chain, signatures, the findings recomputed
             from tasks.talkmesh.seal import verify_talkmesh

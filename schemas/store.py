@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from schemas.contracts import Contract, get_contract
 from schemas.faults import fault_point
+from schemas.machine import machine_facts
 from schemas.validation import ContractViolation, check_expectations, check_rows, check_schema
 
 _PACKAGES = (
@@ -284,8 +285,11 @@ class ArtifactStore:
 
         The manifest holds: contract name and version, row count, the file's SHA-256, the inputs'
         names and SHA-256s, ``config_hash``, the code version (git SHA + dirty flag), package
-        versions, and ``created_at`` (UTC, ISO 8601). The Parquet bytes themselves hold no
-        timestamp, so the same rows give the same SHA-256.
+        versions, ``machine`` (the CPU, torch's and numpy's float kernels, the kernel environment
+        variables and thread counts of the writing process: :func:`schemas.machine.machine_facts`)
+        and ``created_at`` (UTC, ISO 8601). The Parquet bytes themselves hold no timestamp and no
+        machine fact, so the same rows give the same SHA-256 on any machine. Manifests written
+        before ``machine`` was recorded have no such key and read as before.
 
         Raises:
             ArtifactError: the rows break the contract (the message names the artifact, the
@@ -322,6 +326,7 @@ class ArtifactStore:
             "config_hash": config_hash,
             "code_version": code_version(),
             "packages": package_versions(),
+            "machine": machine_facts(),
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             **({"extra": dict(extra)} if extra else {}),
         }

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -140,16 +141,50 @@ def check_links(rows: list[dict[str, Any]], p_hash: str, name: Callable[[dict[st
     return prev
 
 
-def check_recomputed(path: str, got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+# How far a recomputed float may be from the file's where :func:`check_recomputed` is told that the
+# machine's float kernels decide its last bits (BLAS or libm on another CPU): a rounding difference
+# is ~1e-16 relative; a tampered statistic moves far more.
+REL_TOL = 1e-9
+ABS_TOL = 1e-12
+
+
+def floats_close(a: Any, b: Any) -> bool:
+    """Equal, or two floats within REL_TOL / ABS_TOL of each other (NaN matches NaN)."""
+    if a == b:
+        return True
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL) or (math.isnan(a) and math.isnan(b))
+    return False
+
+
+def check_recomputed(path: str, got: list[dict[str, Any]], expected: list[dict[str, Any]],
+                     within_tolerance: Callable[[dict[str, Any], str], bool] | None = None) -> None:
     """A table as read from ``path`` against the same table recomputed from sealed rows, row by
     row and value for value.
 
+    ``within_tolerance(expected_row, column)``: True for the values whose last bits depend on the
+    machine's float kernels, compared within ``REL_TOL`` (relative) or ``ABS_TOL`` (absolute)
+    instead of exactly (``harnessrl verify`` passes it when it recomputes on another CPU or BLAS
+    kernel than the one that wrote ``path``); every other value, and every value when None, must be
+    equal.
+
     Raises:
-        SealError: another row count, or the first row and column that differ.
+        SealError: another row count, or the first row and column that differ (beyond the
+            tolerance, for a column given one).
     """
     if len(got) != len(expected):
         raise SealError(f"{path}: {len(got)} rows, recomputed {len(expected)}")
+
+    def same(e: dict[str, Any], g: dict[str, Any], k: str) -> bool:
+        if within_tolerance is not None and within_tolerance(e, k):
+            return floats_close(g.get(k), e[k])
+        return g.get(k) == e[k]
+
     for i, (g, e) in enumerate(zip(got, expected)):
         if g != e:
-            col = next((k for k in e if g.get(k) != e[k]), next(iter(set(g) ^ set(e)), "?"))
-            raise SealError(f"{path} row {i}: {col}={g.get(col)!r}, recomputed {e.get(col)!r}")
+            col = next((k for k in e if not same(e, g, k)), next(iter(set(g) ^ set(e)), None))
+            if col is None:
+                continue  # only kernel-dependent values differ, each within the tolerance
+            tol = " (beyond the tolerance for a kernel-dependent value)" if within_tolerance and col in e and \
+                within_tolerance(e, col) else ""
+            raise SealError(f"{path} row {i}: {col}={g.get(col)!r}, recomputed {e.get(col)!r}{tol}")

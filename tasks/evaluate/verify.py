@@ -12,6 +12,20 @@ predictions and a report file per (checkpoint, harness, attempt), recomputed byt
 (:func:`tasks.evaluate.exports.swebench_files`). The Ed25519 signatures over the plan hash and the
 chain head are required and checked (:mod:`tasks.evaluate.signing`), and so is the
 pre-registration the plan names (:mod:`tasks.evaluate.prereg`).
+
+**What is exact and what is within tolerance.** Every hash (plan, rows, checkpoint files, loop
+states, the Parquet file against its manifest) and every export is checked as bytes, on any
+machine. The statistics are recomputed from the sealed rows with numpy and Python in float64:
+pairwise sums, elementwise IEEE operations, ``sqrt``, sorts, ``math.fsum`` and seeded PCG64 draws,
+whose results do not depend on the CPU, with two exceptions (:data:`KERNEL_DEPENDENT`):
+``eval_contrasts``' ``mdd`` (:class:`statistics.NormalDist`'s ``inv_cdf`` calls libm's ``log``)
+and the estimate and interval of a ``p1_predictor_gap`` finding (``np.corrcoef`` is a BLAS dot,
+summed in the order of the BLAS kernel: OpenBLAS's SkylakeX and Haswell kernels differ in the last
+bit). When the manifests of the statistics tables record another CPU or numpy kernel than this
+process's (or none: written before machines were recorded), :func:`recompute_note` says so in one
+line and those values are compared within :data:`tasks.evaluate.seal.REL_TOL`; a p1 finding's
+verdict and reason must then be the rule's on its recorded numbers (an interval end within
+rounding of the margin may land on either side of it on another kernel); all others stay exact.
 """
 
 from __future__ import annotations
@@ -21,10 +35,11 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from schemas import ArtifactError, ArtifactStore
-from tasks.evaluate.seal import SealError, VerifyReport, check_recomputed, verify_chain
+from schemas.machine import describe, light_facts, numpy_kernel
+from tasks.evaluate.seal import REL_TOL, SealError, VerifyReport, check_recomputed, floats_close, verify_chain
 from tasks.evaluate.prereg import check_preregistration
 from tasks.evaluate.signing import check_signatures
 from tasks.hashing import sha256_dir
@@ -33,6 +48,84 @@ PLAN = "evaluate/plan.json"
 PLAN_HASH = "evaluate/plan.sha256"
 EVALUATIONS = "evaluate/evaluations.parquet"
 STATS = ("eval_cells", "eval_contrasts")
+
+
+P1_VALUES = ("estimate", "ci_low", "ci_high")
+# Per recomputed table: which values' last bits depend on the machine's float kernels (expected
+# row, column -> True), compared within REL_TOL when the recording machine differs
+KERNEL_DEPENDENT: dict[str, Callable[[dict[str, Any], str], bool]] = {
+    # min_detectable_difference: statistics.NormalDist.inv_cdf calls libm's log
+    "eval_contrasts": lambda row, col: col == "mdd",
+    # predictor_gap: np.corrcoef's covariance is a BLAS dot
+    "eval_findings": lambda row, col: row.get("measure") == "p1_predictor_gap" and col in P1_VALUES,
+}
+
+
+def _p1_verdict_on_recorded_numbers(expected: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
+    """A recomputed ``p1_predictor_gap`` finding row whose recorded estimate and interval are within
+    tolerance of the recomputed ones, with the verdict and reason the rule gives on the *recorded*
+    numbers: an interval end within rounding of the margin (a gap of 1e-16 against 0) may fall on
+    either side of it on another BLAS kernel, so the recorded verdict must follow from the recorded
+    numbers, and those from the rows. Any other row: unchanged."""
+    from tasks.evaluate.findings import verdict
+
+    if expected.get("measure") != "p1_predictor_gap" or not all(floats_close(got.get(k), expected[k])
+                                                                 for k in P1_VALUES):
+        return expected
+    v, why = verdict(expected["claim"], got["estimate"], got["ci_low"], got["ci_high"], expected["margin"],
+                     expected["control_estimate"])
+    return {**expected, "verdict": v, "reason": why}
+
+
+# The tables each kind of run recomputes (their manifests say which machine wrote them)
+EVALUATE_TABLES = ("evaluate/eval_cells", "evaluate/eval_contrasts", "evaluate/eval_findings")
+TALKMESH_TABLES = ("talkmesh/talkmesh_findings", "talkmesh/talkmesh_curves")
+
+
+def recorded_machines(store: ArtifactStore, tables: tuple[str, ...]) -> list[dict[str, Any] | None]:
+    """The ``machine`` block of each of ``tables``' manifests that exists (``"<stage>/<name>"``),
+    None for a manifest written before machines were recorded or one that cannot be read."""
+    out: list[dict[str, Any] | None] = []
+    for t in tables:
+        stage, name = t.split("/", 1)
+        if store.exists(f"{t}.manifest.json"):
+            try:
+                out.append(store.manifest(stage, name).get("machine"))
+            except (ArtifactError, ValueError, AttributeError):
+                out.append(None)
+    return out
+
+
+def kernels_differ(store: ArtifactStore, tables: tuple[str, ...] = EVALUATE_TABLES) -> bool:
+    """True when any of ``tables``' manifests records another numpy kernel
+    (:func:`schemas.machine.numpy_kernel`: CPU, ISA flags, numpy SIMD and BLAS, libm) than this
+    process runs, or records none."""
+    here = numpy_kernel(light_facts())
+    return any(numpy_kernel(m) != here for m in recorded_machines(store, tables))
+
+
+def recompute_note(store: ArtifactStore, talkmesh: bool = False) -> str | None:
+    """One line for ``harnessrl verify`` when it recomputes on another machine than the one that
+    wrote the statistics (see the module docstring), naming both and what is then checked exactly
+    and what within tolerance; None when the kernels are the same.
+
+    ``talkmesh``: the run is a ``harnessrl talkmesh`` run (its tables have no kernel-dependent
+    value: every one is still compared exactly)."""
+    tables = TALKMESH_TABLES if talkmesh else EVALUATE_TABLES
+    if not kernels_differ(store, tables):
+        return None
+    here = numpy_kernel(light_facts())
+    known = next((m for m in recorded_machines(store, tables) if m and numpy_kernel(m) != here), None)
+    was = describe(known) if known else "an unrecorded machine (manifests written before machines were recorded)"
+    head = (f"recorded on {was}, recomputing on {describe(light_facts())}: recomputed statistics may differ in the "
+            "last bits; sealed hashes are checked as bytes")
+    if talkmesh:
+        return head + ("; talkmesh_findings and talkmesh_curves use no BLAS or libm (float64 sums, sorts, seeded "
+                       "draws) and are still compared exactly")
+    return head + (", and so are the exports; eval_cells, eval_contrasts and eval_findings are compared value for "
+                   f"value, except eval_contrasts' mdd (libm log) and a p1_predictor_gap finding's estimate and "
+                   f"interval (a BLAS dot), compared to {REL_TOL:g} relative, its verdict by the rule on the recorded "
+                   "numbers")
 
 
 class NotARunError(ValueError):
@@ -70,7 +163,8 @@ def read_sealed(store: ArtifactStore) -> tuple[dict[str, Any], str, list[dict[st
 def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     """Recompute ``eval_cells``, ``eval_contrasts`` and, when the plan names findings,
     ``eval_findings`` from the verified rows and the plan (every bootstrap is seeded from the plan)
-    and compare them with the files, row by row."""
+    and compare them with the files, row by row: exactly, but for the :data:`KERNEL_DEPENDENT`
+    values when :func:`kernels_differ` (within tolerance)."""
     from tasks.evaluate.stats import cell_table, contrast_table
 
     for name in STATS:
@@ -86,12 +180,15 @@ def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[st
         if not store.exists("evaluate/eval_findings.parquet"):
             raise SealError("evaluate/eval_findings.parquet: missing (the plan names findings; a sealed run has it)")
         want["eval_findings"] = finding_table(rows, plan, want["eval_contrasts"])
+    other = kernels_differ(store)
     for name, expected in want.items():
         try:
             got = store.raw_rows("evaluate", name)
         except ArtifactError as e:
             raise SealError(f"evaluate/{name}.parquet: {e}") from None
-        check_recomputed(f"evaluate/{name}.parquet", got, expected)
+        if other and name == "eval_findings" and len(got) == len(expected):
+            expected = [_p1_verdict_on_recorded_numbers(e, g) for e, g in zip(expected, got)]
+        check_recomputed(f"evaluate/{name}.parquet", got, expected, KERNEL_DEPENDENT.get(name) if other else None)
 
 
 def _verify_exports(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -123,7 +220,8 @@ def verify_run(store: ArtifactStore, public_key: bytes | None = None) -> VerifyR
     files, the loop-type states (the talkmesh confidence head) the plan names, the hash chain, the Ed25519
     signatures over the plan hash and the chain head (:func:`tasks.evaluate.signing.check_signatures`;
     ``public_key``: the expected public key, PEM, which the run's must equal; None: the run's own),
-    the statistics tables and the exports (see the module docstring); the Inspect logs are checked
+    the statistics tables (exactly, or within tolerance for the few kernel-dependent values when
+    the recording machine differs: the module docstring) and the exports; the Inspect logs are checked
     by :func:`tasks.evaluate.exports.check_inspect_logs`. The returned report's ``fingerprint`` is
     the signing key's.
 
