@@ -11,7 +11,8 @@ content (Parquet bytes, config hash, plan hash), so two machines write the same 
 whenever they compute the same rows.
 
 The facts are the writing process's: rollout shards run on a cluster's workers ran on theirs.
-Everything but the thread counts is computed once per process (:func:`static_facts`, cached); the
+Everything but the thread counts is computed once per process (:func:`static_facts`, cached; torch's
+facts only once the process has imported torch); the
 thread counts are read at each write (the stages change torch's count while they run). The
 ``numpy`` part (:func:`numpy_facts`) imports no torch: ``harnessrl verify``, which recomputes
 statistics with numpy only, compares it with the manifests' (:func:`numpy_kernel`).
@@ -141,11 +142,18 @@ def light_facts() -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=1)
+def _torch_facts_cached() -> dict[str, Any]:
+    return torch_facts()
+
+
 def static_facts() -> dict[str, Any]:
-    """Everything of :func:`machine_facts` but the thread counts, computed once per process
-    (imports torch on the first call: about 2 s once)."""
+    """Everything of :func:`machine_facts` but the thread counts, computed once per process.
+    ``torch`` is None while the writing process has not imported torch (nothing it wrote went
+    through torch's kernels, and importing it only to describe it would cost about 2 s per
+    process); once torch is loaded its facts are computed once and recorded."""
     light = light_facts()
-    return {"cpu": light["cpu"], "torch": torch_facts(), "numpy": light["numpy"], "libm": light["libm"],
+    torch = _torch_facts_cached() if "torch" in sys.modules else None
+    return {"cpu": light["cpu"], "torch": torch, "numpy": light["numpy"], "libm": light["libm"],
             "env": light["env"]}
 
 

@@ -131,3 +131,20 @@ def test_numpy_facts_read_the_core_type_openblas_picked_not_the_variable(tmp_pat
     assert arch == forced != here[0]
     assert env == {"OPENBLAS_CORETYPE": forced, "OPENBLAS_L2_SIZE": "1048576"}
     assert "openblas" in line and forced in line
+
+
+def test_a_process_without_torch_records_none_and_does_not_import_it(tmp_path):
+    """A manifest written by a process that never loaded torch says ``torch: None`` and the write
+    does not import torch (the CLI's freeze, status and findings stay light)."""
+    code = (
+        "import sys, json; from pathlib import Path\n"
+        "from schemas import ArtifactStore\n"
+        "from tests.schemas.test_machine import _records\n"
+        f"s = ArtifactStore({str(tmp_path)!r}); s.write('freeze', 'records', _records())\n"
+        "print(json.dumps({'torch_loaded': 'torch' in sys.modules,"
+        " 'recorded': s.manifest('freeze', 'records')['machine']['torch']}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got == {"torch_loaded": False, "recorded": None}
