@@ -23,7 +23,7 @@ import networkx as nx
 
 from tasks.rollout.turns import prompt_lengths
 
-SPAN_SOURCES = ("system", "skill", "instruction", "file", "page", "tool_output", "format_error")
+SPAN_SOURCES = ("system", "skill", "demonstration", "instruction", "file", "page", "tool_output", "format_error")
 
 
 def _span_node(s: dict[str, Any]) -> str:

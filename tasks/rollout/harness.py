@@ -200,7 +200,8 @@ def _start(ep: _Episode, spec: HarnessSpec, chat: ChatFormat, tok: Any) -> None:
     user = render(spec.instance_template, instruction=task["instruction"], files=_files_text(spec, files),
                   file_list="\n".join(sorted(files)) or "(empty)", page=page)
     system = spec.render_system()
-    ep.prompt = chat.initial(system, user)
+    demos = spec.chat_messages()
+    ep.prompt = chat.initial(system, user, demos)
     ep.prompt_cols = first_turn(ep.prompt)
 
     def span(source: str, text: str, **extra: Any) -> dict[str, Any]:
@@ -210,6 +211,8 @@ def _start(ep: _Episode, spec: HarnessSpec, chat: ChatFormat, tok: Any) -> None:
     ep.spans0 = [span("system", spec.system_prompt)]
     if spec.skill and spec.skill_placement == "system_prompt":  # in the context from turn 0, by construction
         ep.spans0.append(span("skill", spec.skill))
+    for i, m in enumerate(demos):  # the harness's demonstrations, in the context from turn 0
+        ep.spans0.append(span("demonstration", m["content"], index=i, role=m["role"]))
     ep.spans0.append(span("instruction", task["instruction"]))
     if "{files}" in spec.instance_template:
         ep.spans0 += [span("file", t, path=p) for p, t in sorted(files.items())]
@@ -398,7 +401,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 _start(e, spec, chat, tok)
             except SandboxError as err:
                 e.status, e.error, e.done = "infra_error", str(err), True
-                e.prompt = e.prompt or chat.initial(spec.render_system(), e.job.task["instruction"])
+                e.prompt = e.prompt or chat.initial(spec.render_system(), e.job.task["instruction"], spec.chat_messages())
 
         list(pool.map(start, eps))
         report = on_turns or (lambda n: None)
