@@ -19,7 +19,7 @@ PROTOCOLS = [
     ("think-answer", "<think>3 + 4 = 7</think>\nAnswer: 7", "<think>Answer: 7</think> so it is seven"),
     ("worked-answer", "3 + 4 = 7.\nAnswer: 7", "3 + 4 = 7."),
     ("calculator", "Answer: 7", "it is 7"),
-    ("calculator-demo", "Answer: 7", "<tool_response>\n7\n</tool_response>"),
+    ("calculator-demo", "Answer: 7", "<result>7</result>"),
     ("react-python", "Answer: 7", "Output:\n7"),
     ("python-demo", "Answer: 7", "```python\nprint(7)\n```"),
 ]

@@ -23,7 +23,7 @@ def test_every_shipped_family_loads_with_its_loop_and_format():
         "answer-tag-2shot": ("final_answer", "single_turn"),
         "boxed": ("final_answer", "single_turn"),
         "calculator": ("function_call", "react"),
-        "calculator-demo": ("function_call", "react"),
+        "calculator-demo": ("xml_tags", "react"),
         "direct": ("final_answer", "single_turn"),
         "json-answer": ("final_answer", "single_turn"),
         "openhands-like": ("fenced_code", "codeact"),
