@@ -7,8 +7,11 @@ For each (family, harness) cell it freezes ``--tasks`` problems of the family un
 and calculator tools, agent loops), samples ``--samples`` episodes per problem with the rollout
 engine, and prints pass@1 (share of episodes graded correct, exact answers by default), the
 parse rate (answers in the harness's own format, not the last-number fallback), accuracy given
-parsed, the share of problems solved at least once (pass@k), the share of groups with a learning
-signal (neither all-0 nor all-1), the share of turns cut at ``max_new_tokens`` and the mean turns.
+parsed, the share of problems solved at least once (pass@k), the share of episodes with a parsed
+tool call, the share of groups with a learning signal (neither all-0 nor all-1), the share of turns
+cut at ``max_new_tokens`` and the mean turns; then, per family, the spread of pass@1 across the
+harnesses (best minus worst; issue 49's goal: at least 0.3 on one family). The harness table of
+docs/experiments/harness-table.md is its rows.
 
     .venv/bin/python benchmarks/task_difficulty.py --engine vllm --tasks 48 --samples 8
     .venv/bin/python benchmarks/task_difficulty.py --family arith-1d-2t --harness direct --harness boxed

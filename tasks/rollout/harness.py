@@ -15,7 +15,7 @@ ids, never re-tokenised; an episode whose prompt would not extend its previous o
 (it would be unusable for training). A turn row stores only what its prompt adds (the first turn:
 the whole prompt; later turns: the observation and chat-format tokens), so an episode's storage
 grows linearly with its context; :func:`tasks.rollout.turns.episode_prompts` rebuilds the prompts. Observation tokens are outside every completion, so the
-trainer's loss mask gives them 0. ``read_spans`` record which system, skill, instruction, file,
+trainer's loss mask gives them 0. ``read_spans`` record which system, skill, demonstration, instruction, file,
 page or tool-output text entered the context at which turn and at which token positions.
 """
 

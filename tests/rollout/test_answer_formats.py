@@ -99,11 +99,16 @@ def test_demonstrations_are_in_the_prompt_the_model_sees(tiny_model_dir, demo_ta
     task, recs = demo_task
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     plain, shot = load_harness("answer-tag"), load_harness("answer-tag-1shot")
-    seen = {}
+    seen, spans = {}, {}
     for spec in (plain, shot):
         pol = ScriptedPolicy(tok, ["<answer>1</answer>"])
-        run_episodes(pol, spec, [EpisodeJob("d", recs[spec.name], task, 0, 0)], SandboxConfig(), seed=0)
+        _, turns = run_episodes(pol, spec, [EpisodeJob("d", recs[spec.name], task, 0, 0)], SandboxConfig(), seed=0)
         seen[spec.name] = pol.prompts[0]
+        spans[spec.name] = [(s["source"], s.get("role")) for s in json.loads(turns[0]["read_spans"])]
+    # the read spans say the demonstration entered the context at turn 0
+    assert spans["answer-tag-1shot"] == [("system", None), ("demonstration", "user"), ("demonstration", "assistant"),
+                                         ("instruction", None)]
+    assert spans["answer-tag"] == [("system", None), ("instruction", None)]
     user = "Problem: " + task["instruction"]
     chat = ChatFormat(tok)
     # token for token: system, the demonstration's user and assistant turns, then the task
