@@ -315,7 +315,10 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
         "findings-rules.md)). A row is written only from a run that `harnessrl verify` accepts, and "
         "`harnessrl verify RUN --findings benchmarks/results/findings.jsonl` recomputes its numbers; a verdict "
         "marked *not sealed* comes from a run without a signed hash chain (a `harnessrl talkmesh` run made "
-        "before those runs were sealed), whose numbers no `harnessrl verify` can recompute.",
+        "before those runs were sealed), whose numbers no `harnessrl verify` can recompute; a verdict marked "
+        "*fallback-graded* comes from a run whose harnesses all read the last number of a reply the policy had "
+        "not written in their format, so its harnesses differed in wording only "
+        "([P1 and P4](experiments/p1-p4.md#the-published-p1-and-p4-rows-were-graded-by-the-last-number-fallback)).",
         "",
         "```bash",
         ".venv/bin/harnessrl run -c configs/p4-findings.yaml          # about the time in the wall column",
@@ -337,7 +340,8 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
         iv = "n/a" if r.get("ci_low") is None else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
         lines.append("| " + " | ".join(_cell(str(x)) for x in [
             r["paper"], r["headline"], r["measure"], "n/a" if r.get("estimate") is None else f"{r['estimate']:+.3f}",
-            iv, r["n"], "" if r.get("control") is None else f"{r['control']:+.3f}", f"**{r['verdict']}**" + (" (not sealed)" if r.get("sealed") is False else ""),
+            iv, r["n"], "" if r.get("control") is None else f"{r['control']:+.3f}", f"**{r['verdict']}**" + (" (not sealed)" if r.get("sealed") is False else "")
+            + (" (fallback-graded)" if r.get("grading") == "last_number_fallback" else ""),
             f"`{r['config']}`", f"`{str(r['commit'])[:12]}`", "" if r.get("wall_s") is None else f"{r['wall_s']:.0f}",
             _infra_cell(r),
         ]) + " |")

@@ -159,6 +159,10 @@ def test_the_findings_page_shows_each_published_row_and_the_run_figures(tmp_path
                                              + "\n")
     assert "| **inconclusive** (not sealed) |" in findings_page(tmp_path, figs)
     assert "(not sealed)" not in page
+    # the P1/P4 rows graded by the last-number fallback are marked as such
+    (tmp_path / "findings.jsonl").write_text(json.dumps({**row, "grading": "last_number_fallback"}) + "\n")
+    assert "| **inconclusive** (fallback-graded) |" in findings_page(tmp_path, figs)
+    assert "(fallback-graded) |" not in page
 
 
 def test_the_findings_page_shows_each_runs_arms_last_published(tmp_path):

@@ -219,11 +219,13 @@ def render_report(inp: ReportInputs) -> str:
     rows = []
     for h in sorted({e["harness_name"] for e in eps}):
         es = [e for e in eps if e["harness_name"] == h]
+        parsed = [e for e in es if e["answer_parsed"]]
         rows.append([h, str(len(es)), _f(sum(e["reward"] for e in es) / len(es)),
-                     _f(sum(e["success"] for e in es) / len(es)), _f(sum(e["answer_parsed"] for e in es) / len(es)),
+                     _f(sum(e["success"] for e in es) / len(es)), _f(len(parsed) / len(es)),
+                     _f(sum(e["success"] for e in parsed) / len(parsed)) if parsed else "n/a",
                      _f(sum(e["num_turns"] for e in es) / len(es), ".2f")])
-    out += _table(["harness", "episodes", "mean reward", "success rate", "parse rate", "mean turns"], rows,
-                  keep=1) + [""]
+    out += _table(["harness", "episodes", "mean reward", "pass@1", "parse rate", "accuracy given parsed",
+                   "mean turns"], rows, keep=1) + [""]
 
     out += ["## Training", ""]
     tps = {(t.get("arm") or "final", t["step"]): t.get("tokens_per_s") for t in inp.timing}

@@ -2,7 +2,7 @@
 with an edge (t, x) when span x was in, or was fetched into, the context of turn t.
 
 Built from the ``turns`` rows' ``read_spans`` (see :mod:`tasks.rollout.harness`): each span
-carries ``source`` (system, skill, instruction, file, page, tool_output, format_error), ``turn``
+carries ``source`` (system, skill, demonstration, instruction, file, page, tool_output, format_error), ``turn``
 (the first turn whose prompt holds it), ``tokens`` and ``sha256`` of its text. The engine never
 rewrites earlier context, so a span that entered at turn k is in the context of every later turn
 of its episode: turn t is joined to every span of its episode with ``turn <= t``; the edge is
@@ -23,7 +23,7 @@ import networkx as nx
 
 from tasks.rollout.turns import prompt_lengths
 
-SPAN_SOURCES = ("system", "skill", "instruction", "file", "page", "tool_output", "format_error")
+SPAN_SOURCES = ("system", "skill", "demonstration", "instruction", "file", "page", "tool_output", "format_error")
 
 
 def _span_node(s: dict[str, Any]) -> str:

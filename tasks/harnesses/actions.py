@@ -55,13 +55,37 @@ def clean_answer(text: str) -> str:
     return t.replace(",", "") if _NUMBER.fullmatch(t) else t
 
 
+def pattern_answers(spec: HarnessSpec, text: str) -> list[str]:
+    """Every answer ``stop.answer_pattern`` reads in ``text`` (cleaned, in order, repeats kept);
+    ``[]`` when the spec has no pattern or it does not match. Only the reply's own text is read:
+    neither the prompt nor the demonstrations."""
+    if spec.stop.answer_pattern is None:
+        return []
+    return [clean_answer(m.group(1)) for m in re.finditer(spec.stop.answer_pattern, text) if m.group(1) is not None]
+
+
+def protocol_answer(spec: HarnessSpec, text: str) -> str | None:
+    """The answer ``text`` submits under the harness's answer pattern: the first match, or, with
+    ``stop.multiple_answers: reject``, None when the matches disagree (several different tags)."""
+    found = pattern_answers(spec, text)
+    if not found:
+        return None
+    if spec.stop.multiple_answers == "reject" and len(set(found)) > 1:
+        return None
+    return found[0]
+
+
 def fallback_answer(spec: HarnessSpec, text: str) -> str | None:
-    """The answer when the agent never submitted one: the last number of its final reply
-    (``stop.answer_fallback: last_number``) or None."""
-    if spec.stop.answer_fallback == "last_number":
-        nums = _NUMBER.findall(text)
-        return clean_answer(nums[-1]) if nums else None
-    return None
+    """The answer when the agent never submitted one: the last number of its final reply, only
+    where the harness declares it (``stop.answer_fallback: last_number``), else None. A reply the
+    harness rejected for several different answers (``stop.multiple_answers: reject``) gets no
+    fallback either: it tried the protocol and broke it."""
+    if spec.stop.answer_fallback != "last_number":
+        return None
+    if spec.stop.multiple_answers == "reject" and len(set(pattern_answers(spec, text))) > 1:
+        return None
+    nums = _NUMBER.findall(text)
+    return clean_answer(nums[-1]) if nums else None
 
 
 def last_code_block(text: str) -> str | None:
@@ -244,8 +268,5 @@ _PARSERS = {
 def parse_reply(spec: HarnessSpec, text: str) -> ParsedReply:
     """The actions and the answer in one reply under ``spec``'s action format."""
     out = _PARSERS[spec.action_format](spec, text) if spec.action_format in _PARSERS else ParsedReply()
-    if spec.stop.answer_pattern is not None:
-        m = re.search(spec.stop.answer_pattern, text)
-        if m and m.group(1) is not None:
-            out.answer = clean_answer(m.group(1))
+    out.answer = protocol_answer(spec, text)
     return out

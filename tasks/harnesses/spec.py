@@ -128,14 +128,50 @@ class StopSpec(_Strict):
 
     ``answer_pattern``: a regex whose first group is a submitted answer (None: only a submit tool
     ends the episode). ``answer_fallback``: ``last_number`` takes the last number of the final
-    reply when nothing was submitted. ``on_no_action``: a reply with no action either gets the
-    format-error observation (``continue``) or ends the episode (``end``: CodeAct's "message to
-    the user", Aider's "no edits").
+    reply when nothing was submitted; it is a property the harness declares (``direct``: its
+    protocol is "the last number"), never a default of the grader: with ``none`` a reply outside
+    the protocol has no answer and scores 0. ``on_no_action``: a reply with no action either gets
+    the format-error observation (``continue``) or ends the episode (``end``: CodeAct's "message to
+    the user", Aider's "no edits"). ``multiple_answers``: a reply whose answer pattern matches
+    several times with different answers (a shotgun of tags) submits the ``first`` one, or
+    (``reject``) none: the reply is out of protocol, and the last-number fallback does not apply
+    to it either. Left out of the hashed JSON at ``first``, so adding it changed no ``harness_id``.
     """
 
     answer_pattern: str | None = r"(?i)answer\s*[:=]\s*(.+)"
     answer_fallback: Literal["none", "last_number"] = "none"
     on_no_action: Literal["continue", "end"] = "continue"
+    multiple_answers: Literal["first", "reject"] = "first"
+
+
+class Message(_Strict):
+    """One chat turn of a demonstration: ``role`` user or assistant, ``content`` its text."""
+
+    role: Literal["user", "assistant"]
+    content: str = Field(min_length=1)
+
+
+class Demonstration(_Strict):
+    """One worked example of the harness's protocol, shown to the model as earlier chat turns
+    between the system prompt and the task (few-shot): ``messages`` alternate user, assistant,
+    user, ... and end with the assistant's final reply. In a tool loop the middle user turns are
+    the observations the harness would show (rendered by the demonstration's author, as text).
+    Load-time checks (:class:`HarnessSpec`): every non-final assistant turn is an action under the
+    spec's action format, and the final one submits an answer under its answer pattern, so a
+    demonstration can only show the protocol the harness grades by."""
+
+    messages: list[Message] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Demonstration":
+        for i, m in enumerate(self.messages):
+            want = "user" if i % 2 == 0 else "assistant"
+            if m.role != want:
+                raise ValueError(f"messages[{i}].role is {m.role!r}; a demonstration alternates user, assistant, ... "
+                                 f"starting with user, so it must be {want!r}")
+        if self.messages[-1].role != "assistant":
+            raise ValueError(f"messages: a demonstration ends with the assistant's reply, not a {self.messages[-1].role} turn")
+        return self
 
 
 class ContextSpec(_Strict):
@@ -262,6 +298,7 @@ class HarnessSpec(_Strict):
     skill_placement: Literal["system_prompt", "file"] = "system_prompt"
     skill_path: str = Field(default="SKILL.md", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
     mesh: MeshSpec | None = None
+    demonstrations: list[Demonstration] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> "HarnessSpec":
@@ -275,6 +312,9 @@ class HarnessSpec(_Strict):
             if self.skill is not None:
                 raise ValueError("skill: loop_type talkmesh takes no skill (its agents' prompts use system_prompt as "
                                  "written)")
+            if self.demonstrations:
+                raise ValueError("demonstrations: loop_type talkmesh takes none (its agents' prompts are built by "
+                                 "tasks.talkmesh.talk, which does not show them)")
         elif self.mesh is not None:
             raise ValueError(f"mesh: a mesh section is only for loop_type talkmesh, not loop_type {self.loop_type}")
         if self.skill_placement == "file":
@@ -327,18 +367,51 @@ class HarnessSpec(_Strict):
             raise ValueError("a browser harness cannot have sandbox tools")
         if "workspace" in self.environments and self.loop_type != "single_turn" and not needs & {"sandbox"}:
             raise ValueError("a multi-turn harness for workspace tasks needs at least one sandbox tool")
+        self._check_demonstrations()
         return self
 
+    def _check_demonstrations(self) -> None:
+        """Every demonstration follows the spec's own protocol (see :class:`Demonstration`)."""
+        if not self.demonstrations:
+            return
+        from tasks.harnesses.actions import parse_reply
+
+        if self.loop_type == "single_turn" and any(len(d.messages) != 2 for d in self.demonstrations):
+            raise ValueError("demonstrations: a single_turn harness's demonstration is one user turn and one "
+                             "assistant reply")
+        for i, d in enumerate(self.demonstrations):
+            replies = d.messages[1::2]
+            for j, m in enumerate(replies[:-1]):
+                got = parse_reply(self, m.content)
+                if not got.calls or got.error:
+                    raise ValueError(f"demonstrations[{i}].messages[{2 * j + 1}] is not a {self.action_format} action "
+                                     f"of this harness ({got.error or 'no tool call found'}): {m.content[:80]!r}")
+            last = parse_reply(self, replies[-1].content)
+            submits = [c for c in last.calls if c.impl == "submit"]
+            if last.answer is None and not submits:
+                raise ValueError(f"demonstrations[{i}]: the final reply submits no answer under stop.answer_pattern "
+                                 f"{self.stop.answer_pattern!r} (nor a submit tool): {replies[-1].content[:80]!r}")
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The demonstrations as chat messages (``[{"role": ..., "content": ...}]``, in order), to
+        put between the system prompt and the task's first user turn; ``[]`` without any."""
+        return [{"role": m.role, "content": m.content} for d in self.demonstrations for m in d.messages]
+
     def spec_dict(self) -> dict[str, Any]:
-        """The spec as JSON-able data: every field, but ``mesh`` only when set and
-        ``skill_placement``/``skill_path`` only when not both at their defaults (specs without
-        them hash and serialise as before the fields existed)."""
+        """The spec as JSON-able data: every field, but ``mesh`` and ``demonstrations`` only when
+        set, ``skill_placement``/``skill_path`` only when not both at their defaults and
+        ``stop.multiple_answers`` only when not ``first`` (specs without them hash and serialise as
+        before the fields existed; demonstrations are part of the hash)."""
         d = self.model_dump(mode="json")
         if d.get("mesh") is None:
             d.pop("mesh", None)
         if d.get("skill_placement") == "system_prompt" and d.get("skill_path") == "SKILL.md":
             d.pop("skill_placement", None)
             d.pop("skill_path", None)
+        if not d.get("demonstrations"):
+            d.pop("demonstrations", None)
+        if d["stop"].get("multiple_answers") == "first":
+            d["stop"].pop("multiple_answers")
         return d
 
     @property

@@ -15,7 +15,7 @@ ids, never re-tokenised; an episode whose prompt would not extend its previous o
 (it would be unusable for training). A turn row stores only what its prompt adds (the first turn:
 the whole prompt; later turns: the observation and chat-format tokens), so an episode's storage
 grows linearly with its context; :func:`tasks.rollout.turns.episode_prompts` rebuilds the prompts. Observation tokens are outside every completion, so the
-trainer's loss mask gives them 0. ``read_spans`` record which system, skill, instruction, file,
+trainer's loss mask gives them 0. ``read_spans`` record which system, skill, demonstration, instruction, file,
 page or tool-output text entered the context at which turn and at which token positions.
 """
 
@@ -200,7 +200,8 @@ def _start(ep: _Episode, spec: HarnessSpec, chat: ChatFormat, tok: Any) -> None:
     user = render(spec.instance_template, instruction=task["instruction"], files=_files_text(spec, files),
                   file_list="\n".join(sorted(files)) or "(empty)", page=page)
     system = spec.render_system()
-    ep.prompt = chat.initial(system, user)
+    demos = spec.chat_messages()
+    ep.prompt = chat.initial(system, user, demos)
     ep.prompt_cols = first_turn(ep.prompt)
 
     def span(source: str, text: str, **extra: Any) -> dict[str, Any]:
@@ -210,6 +211,8 @@ def _start(ep: _Episode, spec: HarnessSpec, chat: ChatFormat, tok: Any) -> None:
     ep.spans0 = [span("system", spec.system_prompt)]
     if spec.skill and spec.skill_placement == "system_prompt":  # in the context from turn 0, by construction
         ep.spans0.append(span("skill", spec.skill))
+    for i, m in enumerate(demos):  # the harness's demonstrations, in the context from turn 0
+        ep.spans0.append(span("demonstration", m["content"], index=i, role=m["role"]))
     ep.spans0.append(span("instruction", task["instruction"]))
     if "{files}" in spec.instance_template:
         ep.spans0 += [span("file", t, path=p) for p, t in sorted(files.items())]
@@ -398,7 +401,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 _start(e, spec, chat, tok)
             except SandboxError as err:
                 e.status, e.error, e.done = "infra_error", str(err), True
-                e.prompt = e.prompt or chat.initial(spec.render_system(), e.job.task["instruction"])
+                e.prompt = e.prompt or chat.initial(spec.render_system(), e.job.task["instruction"], spec.chat_messages())
 
         list(pool.map(start, eps))
         report = on_turns or (lambda n: None)

@@ -57,9 +57,13 @@ class ChatFormat:
             raise ValueError(f"chat template does not close an assistant turn with EOS {eos!r}: {before_obs[:40]!r}")
         self._pre, self._post = before_obs[len(eos):], after_obs
 
-    def initial(self, system: str, user: str) -> list[int]:
+    def initial(self, system: str, user: str, demonstrations: list[dict[str, str]] | None = None) -> list[int]:
+        """The first prompt's token ids: the chat template applied to the system turn, the
+        ``demonstrations`` (earlier ``{"role": "user" | "assistant", "content": ...}`` turns, a
+        harness's few-shot examples, :meth:`tasks.harnesses.spec.HarnessSpec.chat_messages`) and
+        the task's user turn, with the assistant turn opened. Returns a list of int."""
         ids = self.tok.apply_chat_template(
-            [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            [{"role": "system", "content": system}, *(demonstrations or []), {"role": "user", "content": user}],
             tokenize=True, add_generation_prompt=True,
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):

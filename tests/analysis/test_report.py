@@ -128,3 +128,19 @@ def test_report_cells_escape_data_and_keep_their_own_markdown():
     rows = [ln for ln in md.splitlines() if ln.startswith("| k3")]  # the table splits: one row per group
     assert len(rows) == 2 and all(r.startswith("| k3\\_\\* |") for r in rows)
     assert rows[-1].endswith("| **no**: KL > 1 \\| nan |")
+
+
+def test_the_rollout_table_shows_pass_at_1_parse_rate_and_accuracy_given_parsed():
+    def ep(h, success, parsed):
+        return {"harness_name": h, "reward": float(success), "success": success, "answer_parsed": parsed, "num_turns": 1}
+
+    # direct declares the last-number fallback: one success is graded from an unparsed answer
+    eps = [ep("direct", True, True), ep("direct", False, True), ep("direct", False, True), ep("direct", True, False),
+           ep("boxed", True, False), ep("boxed", False, False)]
+    table = _groups(render_report(_inputs(episodes=eps)), "harness")[0]  # the first: training rollouts
+    header, *rows = table
+    got = {r[0]: dict(zip(header, r)) for r in rows}
+    assert header[3:6] == ["pass@1", "parse rate", "accuracy given parsed"]
+    assert [got["direct"][k] for k in header[3:6]] == ["0.500", "0.750", "0.333"]
+    # nothing parsed: accuracy given parsed is undefined, not 0
+    assert [got["boxed"][k] for k in header[3:6]] == ["0.500", "0.000", "n/a"]

@@ -186,6 +186,11 @@ def test_task_difficulty(tmp_path):
         assert c["pass_at_1"] <= c["pass_at_k"]
     assert {c["mean_turns"] for c in row["cells"] if c["harness"] == "direct"} == {1.0}
     assert all(0 < c["mean_tokens"] <= 64 for c in row["cells"])  # both harnesses' max_new_tokens
+    assert {c["tool_call_rate"] for c in row["cells"] if c["harness"] == "direct"} == {0.0}  # no tools to call
+    for f in ("arith-1d-2t", "arith-1d-3t"):
+        p1 = [c["pass_at_1"] for c in row["cells"] if c["family"] == f]
+        assert row["spread"][f]["spread"] == round(max(p1) - min(p1), 4)
+    assert row["goal"]["reached"] == any(s["spread"] >= 0.3 for s in row["spread"].values())
 
 
 def test_learning(tmp_path):

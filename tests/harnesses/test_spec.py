@@ -4,9 +4,10 @@ import yaml
 from tasks.harnesses.spec import HarnessError, load_harness
 
 
-SHIPPED = ["aider-like", "answer-tag", "boxed", "calculator", "direct", "json-answer", "openhands-like",
-           "qwen-code-like", "react-python", "react-python-skill", "react-python-skill-file", "swe-agent-like",
-           "talkmesh", "think-answer", "web-react"]
+SHIPPED = ["agent-submit", "aider-like", "answer-tag", "answer-tag-1shot", "answer-tag-2shot", "boxed", "calculator",
+           "calculator-demo", "direct", "json-answer", "openhands-like", "python-demo", "qwen-code-like", "react-python",
+           "react-python-skill", "react-python-skill-file", "swe-agent-like", "talkmesh", "think-answer", "web-react",
+           "worked-answer"]
 
 
 def test_every_shipped_family_loads_with_its_loop_and_format():
@@ -15,13 +16,18 @@ def test_every_shipped_family_loads_with_its_loop_and_format():
     assert shipped_harnesses() == SHIPPED
     got = {n: (load_harness(n).action_format, load_harness(n).loop_type) for n in SHIPPED}
     assert got == {
+        "agent-submit": ("function_call", "react"),
         "aider-like": ("search_replace", "reflect_on_test_failure"),
         "answer-tag": ("final_answer", "single_turn"),
+        "answer-tag-1shot": ("final_answer", "single_turn"),
+        "answer-tag-2shot": ("final_answer", "single_turn"),
         "boxed": ("final_answer", "single_turn"),
         "calculator": ("function_call", "react"),
+        "calculator-demo": ("xml_tags", "react"),
         "direct": ("final_answer", "single_turn"),
         "json-answer": ("final_answer", "single_turn"),
         "openhands-like": ("fenced_code", "codeact"),
+        "python-demo": ("fenced_code", "react"),
         "qwen-code-like": ("function_call", "react"),
         "react-python": ("fenced_code", "react"),
         "react-python-skill": ("fenced_code", "react"),
@@ -30,6 +36,7 @@ def test_every_shipped_family_loads_with_its_loop_and_format():
         "talkmesh": ("final_answer", "talkmesh"),
         "think-answer": ("final_answer", "single_turn"),
         "web-react": ("xml_tags", "react"),
+        "worked-answer": ("final_answer", "single_turn"),
     }
     q = load_harness("qwen-code-like")
     assert [t.name for t in q.tools] == ["read_file", "write_file", "edit", "run_shell_command", "grep_search", "glob"]

@@ -81,3 +81,71 @@ def test_every_graded_episode_says_whether_its_answer_was_parsed(tiny_model_dir,
     eps, _ = run_episodes(pol, load_harness("direct"), [EpisodeJob("d", recs["direct"], task, 0, 0)],
                           SandboxConfig(), seed=0)
     assert (eps[0]["answer_parsed"], eps[0]["reward"]) == (parsed, reward)
+
+
+@pytest.fixture(scope="module")
+def demo_task():
+    cfg = RunConfig(name="e", suites=[{"name": "basic_arithmetic", "size": 3, "seed": 11, "reward": "exact"}],
+                    harnesses=["answer-tag", "answer-tag-1shot"])
+    tasks, _, records = freeze_tables(cfg)
+    return tasks[0], {r["harness_name"]: r for r in records if r["task_id"] == tasks[0]["task_id"]}
+
+
+def test_demonstrations_are_in_the_prompt_the_model_sees(tiny_model_dir, demo_task):
+    from transformers import AutoTokenizer
+
+    from tasks.rollout.policy import ChatFormat
+
+    task, recs = demo_task
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    plain, shot = load_harness("answer-tag"), load_harness("answer-tag-1shot")
+    seen, spans = {}, {}
+    for spec in (plain, shot):
+        pol = ScriptedPolicy(tok, ["<answer>1</answer>"])
+        _, turns = run_episodes(pol, spec, [EpisodeJob("d", recs[spec.name], task, 0, 0)], SandboxConfig(), seed=0)
+        seen[spec.name] = pol.prompts[0]
+        spans[spec.name] = [(s["source"], s.get("role")) for s in json.loads(turns[0]["read_spans"])]
+    # the read spans say the demonstration entered the context at turn 0
+    assert spans["answer-tag-1shot"] == [("system", None), ("demonstration", "user"), ("demonstration", "assistant"),
+                                         ("instruction", None)]
+    assert spans["answer-tag"] == [("system", None), ("instruction", None)]
+    user = "Problem: " + task["instruction"]
+    chat = ChatFormat(tok)
+    # token for token: system, the demonstration's user and assistant turns, then the task
+    assert seen["answer-tag-1shot"] == chat.initial(shot.render_system(), user, shot.chat_messages())
+    assert seen["answer-tag"] == chat.initial(plain.render_system(), user)
+    demo_reply = shot.demonstrations[0].messages[1].content
+    ids = tok.encode(demo_reply, add_special_tokens=False)
+    p = seen["answer-tag-1shot"]
+    assert any(p[i:i + len(ids)] == ids for i in range(len(p) - len(ids) + 1))
+    assert len(p) > len(seen["answer-tag"]) and demo_reply not in tok.decode(seen["answer-tag"])
+    # the demonstration comes before the task
+    assert tok.decode(p).index(demo_reply) < tok.decode(p).index(task["instruction"])
+
+
+@pytest.mark.parametrize("harness,reply,parsed,reward", [
+    ("answer-tag-1shot", "<answer>{answer}</answer>", True, 1.0),
+    ("answer-tag-1shot", "It is {answer}.", False, 0.0),                     # out of protocol: no fallback
+    ("answer-tag-1shot", "<answer>{answer}</answer> <answer>{wrong}</answer>", False, 0.0),  # several tags
+    ("answer-tag-1shot", "17 + 26 = 43.\n<answer>43</answer>", True, 0.0),   # the demonstration echoed back
+    ("answer-tag", "{instruction} <answer>", False, 0.0),                    # the prompt copied, numbers and all
+    ("direct", "{instruction}", False, None),                               # direct's fallback reads only the reply
+])
+def test_cheating_replies_are_graded_as_the_harness_defines(tiny_model_dir, demo_task, harness, reply, parsed, reward):
+    from transformers import AutoTokenizer
+
+    from tasks.harnesses.actions import fallback_answer
+
+    task, recs = demo_task
+    answer = json.loads(task["verifier_spec"])["answer"]
+    rec = recs.get(harness) or dict(recs["answer-tag"], harness_name=harness)
+    text = reply.format(answer=answer, wrong=str(int(float(answer)) + 1), instruction=task["instruction"])
+    spec = load_harness(harness)
+    pol = ScriptedPolicy(AutoTokenizer.from_pretrained(tiny_model_dir), [text])
+    eps, _ = run_episodes(pol, spec, [EpisodeJob("c", rec, task, 0, 0)], SandboxConfig(), seed=0)
+    assert eps[0]["answer_parsed"] is parsed
+    if reward is None:  # direct: graded by the last number of the reply, which here is the prompt's last number
+        assert eps[0]["final_answer"] == fallback_answer(spec, text) and not eps[0]["answer_parsed"]
+    else:
+        assert eps[0]["reward"] == reward
+        assert (eps[0]["final_answer"] is None) == (not parsed)

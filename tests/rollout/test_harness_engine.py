@@ -128,7 +128,10 @@ def test_direct_episode_falls_back_to_the_last_number(tiny_model_dir, task_and_r
     ("direct", ["Answer: {answer}"], "stop", None, "submitted"),
     ("direct", ["I do not know"], "stop", None, "format_error"),  # no answer to grade
     ("direct", ["Answer: {answer} and then some more wor"], "length", None, "max_tokens"),  # cut reply
-    ("react-python", ["```python\nprint(1)\n```"], "stop", None, "max_turns"),
+    # out of turns: react-python-skill declares the last-number fallback, so its last reply's "1" is graded;
+    # react-python declares none, so it ends with nothing to grade
+    ("react-python-skill", ["```python\nprint(1)\n```"], "stop", None, "max_turns"),
+    ("react-python", ["```python\nprint(1)\n```"], "stop", None, "format_error"),
     ("react-python", ["```python\nimport time; time.sleep(0.3)\n```"], "stop", 0.1, "timeout"),
 ])
 def test_every_episode_says_why_it_stopped(tiny_model_dir, task_and_record, harness, script, finish, wall_s, want):
@@ -146,7 +149,7 @@ def test_every_episode_says_why_it_stopped(tiny_model_dir, task_and_record, harn
     eps, turns = run_episodes(pol, spec, [EpisodeJob("e", rec, task, 0, 0)], SandboxConfig(), seed=0)
     assert eps[0]["stop_reason"] == want
     assert (turns[-1]["finish_reason"] == "length") == (finish == "length")  # the cut turn is flagged
-    if want == "max_turns":
+    if want == "max_turns" or (harness, want) == ("react-python", "format_error"):
         assert len(turns) == spec.max_turns
     if want in ("timeout", "max_tokens"):  # cut episodes keep their group place, scored 0 by default
         ep = dict(eps[0], task_id=task["task_id"], task_hash=task["task_hash"], harness_id=spec.harness_id)
