@@ -10,9 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from tasks.config.base import _LaterOptions, _Strict
 
 #: policy tokens per chunk of the output projection when ``train.logprob_chunk_tokens`` is unset
-DEFAULT_LOGPROB_CHUNK_TOKENS = 512
+DEFAULT_LOGPROB_CHUNK_TOKENS = 256
 #: padded tokens (rows x longest row) per micro-batch when ``train.micro_batch_tokens`` is unset
-DEFAULT_MICRO_BATCH_TOKENS = 4096
+DEFAULT_MICRO_BATCH_TOKENS = 1536
 
 
 class LoraConfig(_Strict):
@@ -121,10 +121,10 @@ class TrainConfig(_LaterOptions):
     a time (gradients accumulate over a mini-batch's micro-batches with its global denominators,
     so the update does not depend on the grouping). A micro-batch holds at most
     ``micro_batch_size`` sequences and at most ``micro_batch_tokens`` padded tokens (rows x
-    longest row; unset: 4,096); a longer sequence trains alone. ``logprob_chunk_tokens``: the
+    longest row; unset: 1,536); a longer sequence trains alone. ``logprob_chunk_tokens``: the
     output projection to the vocabulary, the sampler's processing and the entropy run on this
     many policy tokens at a time and are recomputed chunk by chunk in the backward pass (unset:
-    512; 0: the whole micro-batch at once, the unchunked path, for comparison). Both change
+    256; 0: the whole micro-batch at once, the unchunked path, for comparison). Both change
     float rounding only, and are left out of the dumps when unset (configs written before them
     keep their hashes).
     """
@@ -181,12 +181,12 @@ class TrainConfig(_LaterOptions):
 
     @property
     def micro_tokens(self) -> int:
-        """Padded tokens a micro-batch may hold: ``micro_batch_tokens``, else 4,096."""
+        """Padded tokens a micro-batch may hold: ``micro_batch_tokens``, else 1,536."""
         return self.micro_batch_tokens if self.micro_batch_tokens is not None else DEFAULT_MICRO_BATCH_TOKENS
 
     @property
     def chunk_tokens(self) -> int:
-        """Policy tokens per chunk of the output projection: ``logprob_chunk_tokens``, else 512
+        """Policy tokens per chunk of the output projection: ``logprob_chunk_tokens``, else 256
         (0: unchunked)."""
         n = self.logprob_chunk_tokens
         return n if n is not None else DEFAULT_LOGPROB_CHUNK_TOKENS

@@ -73,7 +73,7 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> to
 
 
 def chunked_logprobs(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, *,
-                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, chunk: int = 512,
+                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, chunk: int = 256,
                      with_entropy: bool = False, autocast_ctx: Callable[[], Any] = contextlib.nullcontext
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of ``targets`` ``[N]`` (long) given final hidden states ``hidden``

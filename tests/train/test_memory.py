@@ -193,7 +193,7 @@ def _run(train_section):
 
 def test_config_defaults_bound_memory_and_unset_options_keep_the_hash():
     plain = _run({"micro_batch_size": 16})
-    assert plain.train.micro_tokens == 4096 and plain.train.chunk_tokens == 512
+    assert plain.train.micro_tokens == 1536 and plain.train.chunk_tokens == 256
     dump = plain.model_dump(mode="json")["train"]
     assert "micro_batch_tokens" not in dump and "logprob_chunk_tokens" not in dump  # old hashes stay
     set_ = _run({"micro_batch_size": 16, "micro_batch_tokens": 2048, "logprob_chunk_tokens": 0})
