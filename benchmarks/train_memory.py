@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                 case = {"name": shape, "path": path, "model_dir": model_dir, "threads": a.threads, **dims,
                         "train": {"micro_batch_size": micro, **opts}}
                 t0 = time.perf_counter()
-                cases[f"{shape}/{path}"] = {**spawn(case, a.limit_gb or None), "wall_s": round(time.perf_counter() - t0, 1)}
+                res = spawn(case, a.limit_gb or None)
+                cases[f"{shape}/{path}"] = {**res, "wall_s": round(time.perf_counter() - t0, 1)}
                 print(f"{shape}/{path}: {cases[f'{shape}/{path}']}", flush=True)
     row = {"benchmark": "train_memory", "python": platform.python_version(), "smoke": a.smoke,
            "model": "tiny-2x128-v1024" if a.smoke else "smollm2-135m-instruct", "config": "p6-findings.yaml",

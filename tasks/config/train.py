@@ -117,7 +117,7 @@ class TrainConfig(_LaterOptions):
     is not recomputable by transformers' checkpointing).
     The frozen base weights are held in ``policy.autocast_dtype`` (bf16 by default), the LoRA
     weights and AdamW state in float32.
-    Memory (docs/training.md, "Memory"): a forward pass takes one *micro-batch* of sequences at
+    Memory (docs/concepts.md, "Training memory"): a forward pass takes one *micro-batch* of sequences at
     a time (gradients accumulate over a mini-batch's micro-batches with its global denominators,
     so the update does not depend on the grouping). A micro-batch holds at most
     ``micro_batch_size`` sequences and at most ``micro_batch_tokens`` padded tokens (rows x

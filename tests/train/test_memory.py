@@ -150,7 +150,8 @@ def test_micro_batches_stay_within_the_token_budget_and_a_long_sequence_trains_a
     for mb in mbs:
         assert len(mb) * max(len(seqs[i].ids) for i in mb) <= 64 or len(mb) == 1
     # the count still caps; without either limit, one micro-batch
-    assert [[len(seqs[i].ids) for i in mb] for mb in micro_batches(seqs, 2, 64)] == [[10, 11], [12, 29], [30, 31], [100]]
+    by_two = micro_batches(seqs, 2, 64)
+    assert [[len(seqs[i].ids) for i in mb] for mb in by_two] == [[10, 11], [12, 29], [30, 31], [100]]
     assert micro_batches(seqs, None, None) == [[0, 4, 2, 5, 1, 6, 3]]
     with pytest.raises(ValueError, match="token budget must be >= 1, got 0"):
         micro_batches(seqs, None, 0)
