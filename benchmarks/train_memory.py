@@ -16,11 +16,11 @@ alpha 64 on every linear layer, float32, shared prompt, frozen mode with recompu
 
 Each runs ``old`` (``logprob_chunk_tokens: 0``, the whole ``[N, V]`` logits at once; micro-batches
 by the count only, as before), ``new`` (the defaults: chunks of 256 policy tokens, micro-batches
-within 1,536 padded tokens) and ``unchunked`` (the token budget with the whole logits at once: what
+within 1,536 padded tokens), ``unchunked`` (the token budget with the whole logits at once: what
 the chunking alone saves and costs) and ``new+checkpointing`` (``new`` with
 ``gradient_checkpointing: true``, ``share_prompt: false``: the decoder's activations recomputed in
-the backward pass; a micro-batch of one sequence has no prompt to share). A case runs in its own process with ``torch.set_num_threads(2)``;
-the figure is its ``ru_maxrss`` (resident peak, model load included), its step's seconds and its
+the backward pass; a micro-batch of one sequence has no prompt to share). A case runs in its own
+process with ``torch.set_num_threads(2)``; the figure is its ``ru_maxrss`` (resident peak, model load included), its step's seconds and its
 micro-batches. ``--limit-gb`` caps each process's address space (``RLIMIT_AS``) so that an old
 path that would take the shared machine down fails alone: such a case reports
 ``over_limit_gb`` instead of a peak.
