@@ -21,9 +21,9 @@ the chunking alone saves and costs) and ``new+checkpointing`` (``new`` with
 ``gradient_checkpointing: true``, ``share_prompt: false``: the decoder's activations recomputed in
 the backward pass; a micro-batch of one sequence has no prompt to share). A case runs in its own
 process with ``torch.set_num_threads(2)``; the figure is its ``ru_maxrss`` (resident peak, model
-load included), its step's seconds and its micro-batches. ``--limit-gb`` caps each process's address space (``RLIMIT_AS``) so that an old
-path that would take the shared machine down fails alone: such a case reports
-``over_limit_gb`` instead of a peak.
+load included), its step's seconds and its micro-batches. ``--limit-gb`` caps each process's
+address space (``RLIMIT_AS``) so that an old path that would take the shared machine down fails
+alone: such a case reports ``over_limit_gb`` instead of a peak.
 
     flock /tmp/harnessrl-heavy.lock .venv/bin/python benchmarks/train_memory.py
     .venv/bin/python benchmarks/train_memory.py --smoke   # the tests' tiny model, small shapes, seconds
