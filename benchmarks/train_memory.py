@@ -10,9 +10,8 @@ alpha 64 on every linear layer, float32, shared prompt, frozen mode with recompu
   ``observation_max_chars`` characters at one token each, the byte-level tokenizer's bound for
   ASCII; two groups of 8 samples sharing their prompt);
 - ``16x8x1024``: one step on 16 groups x 8 samples x 1,024 tokens (a 256-token shared prompt, 768
-  policy tokens); ``--groups-1024 G`` runs G of the 16 groups (the same micro-batches, fewer of
-  them: a micro-batch's activations are freed by its backward pass, so the peak is one micro-batch's;
-  the row records G).
+  policy tokens); ``--groups-1024 G`` runs G of the 16 groups (micro-batches of the same shape,
+  fewer of them; the row records G).
 
 Each runs ``old`` (``logprob_chunk_tokens: 0``, the whole ``[N, V]`` logits at once; micro-batches
 by the count only, as before), ``new`` (the defaults: chunks of 256 policy tokens, micro-batches
