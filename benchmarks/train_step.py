@@ -15,8 +15,9 @@ Also: the two losses on one identical batch (same weights, same tokens, same adv
 log-probs = current) for token-mean and sequence-mean aggregation; they must agree.
 With ``--smollm2``: seconds per iteration and peak RSS of our trainer on SmolLM2-135M in bf16, at
 the trainer's default micro-batch (``train.micro_batch_size``, 8 sequences; ``--smollm2-micro``).
-Peak memory is set by the micro-batch: the output projection's ``[positions, vocabulary]`` logits
-(49,152 columns for SmolLM2) and the activations kept for the backward pass grow with it.
+Peak memory is set by the micro-batch (``train.micro_batch_tokens`` bounds it; the output
+projection runs in chunks of ``train.logprob_chunk_tokens``): ``benchmarks/train_memory.py``
+measures it.
 
 TRL is installed only for the benchmarks, in ``.venv-bench`` layered over ``.venv``, by
 ``scripts/setup-bench.sh`` (pins in ``benchmarks/requirements-trl.txt``)::

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config.base import _Strict
+from tasks.config.base import _LaterOptions, _Strict
+
+#: policy tokens per chunk of the output projection when ``train.logprob_chunk_tokens`` is unset
+DEFAULT_LOGPROB_CHUNK_TOKENS = 256
+#: padded tokens (rows x longest row) per micro-batch when ``train.micro_batch_tokens`` is unset
+DEFAULT_MICRO_BATCH_TOKENS = 1536
 
 
 class LoraConfig(_Strict):
@@ -64,7 +69,7 @@ class DistributedConfig(_Strict):
         return self
 
 
-class TrainConfig(_Strict):
+class TrainConfig(_LaterOptions):
     """GRPO / GSPO / GSPO-token on a LoRA adapter. See ``tasks/train/losses.py`` for the objectives
     and ``tasks/train/trainer.py`` for the loop.
 
@@ -112,7 +117,19 @@ class TrainConfig(_Strict):
     is not recomputable by transformers' checkpointing).
     The frozen base weights are held in ``policy.autocast_dtype`` (bf16 by default), the LoRA
     weights and AdamW state in float32.
+    Memory (docs/concepts.md, "Training memory"): a forward pass takes one *micro-batch* of sequences at
+    a time (gradients accumulate over a mini-batch's micro-batches with its global denominators,
+    so the update does not depend on the grouping). A micro-batch holds at most
+    ``micro_batch_size`` sequences and at most ``micro_batch_tokens`` padded tokens (rows x
+    longest row; unset: 1,536); a longer sequence trains alone. ``logprob_chunk_tokens``: the
+    output projection to the vocabulary, the sampler's processing and the entropy run on this
+    many policy tokens at a time and are recomputed chunk by chunk in the backward pass (unset:
+    256; 0: the whole micro-batch at once, the unchunked path, for comparison). Both change
+    float rounding only, and are left out of the dumps when unset (configs written before them
+    keep their hashes).
     """
+
+    _later: ClassVar[tuple[str, ...]] = ("micro_batch_tokens", "logprob_chunk_tokens")
 
     algorithm: Literal["grpo", "gspo", "gspo_token"] = "grpo"
     mode: Literal["frozen", "online"] = "frozen"
@@ -125,6 +142,8 @@ class TrainConfig(_Strict):
     weight_decay: float = Field(default=0.0, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     micro_batch_size: int = Field(default=8, gt=0)
+    micro_batch_tokens: int | None = Field(default=None, gt=0)
+    logprob_chunk_tokens: int | None = Field(default=None, ge=0)
     grouping: Literal["within", "cross", "cross_coverage_matched", "cross_residualized"] = "within"
     advantage_scale: Literal["std", "none"] = "std"
     # The random-reward control (a learning claim's baseline): the same pipeline, trained on rewards
@@ -159,6 +178,18 @@ class TrainConfig(_Strict):
     def world_size(self) -> int:
         """Processes the train stage trains on (1 without ``distributed``)."""
         return self.distributed.world_size if self.distributed is not None else 1
+
+    @property
+    def micro_tokens(self) -> int:
+        """Padded tokens a micro-batch may hold: ``micro_batch_tokens``, else 1,536."""
+        return self.micro_batch_tokens if self.micro_batch_tokens is not None else DEFAULT_MICRO_BATCH_TOKENS
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Policy tokens per chunk of the output projection: ``logprob_chunk_tokens``, else 256
+        (0: unchunked)."""
+        n = self.logprob_chunk_tokens
+        return n if n is not None else DEFAULT_LOGPROB_CHUNK_TOKENS
 
     @property
     def old_source(self) -> str:

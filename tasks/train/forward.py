@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tasks.config.train import DEFAULT_LOGPROB_CHUNK_TOKENS
 from tasks.train.sequences import TrainSequence
 
 
@@ -17,22 +18,44 @@ def prefix_len(s: TrainSequence) -> int:
     return s.mask.index(1) if 1 in s.mask else len(s.ids)
 
 
-def micro_batches(seqs: list[TrainSequence], micro: int) -> list[list[int]]:
+def micro_batches(seqs: list[TrainSequence], micro: int | None, tokens: int | None = None) -> list[list[int]]:
     """Micro-batches of indices into ``seqs``: one sampling setting per micro-batch, the samples
     of one prompt side by side (their prompt is then computed once), ordered by length so that
-    little padding is computed. The accumulated gradient does not depend on how sequences are
-    grouped: every micro-batch uses the mini-batch's global denominators."""
+    little padding is computed. In that order a micro-batch takes sequences while it holds at
+    most ``micro`` of them (None: no count limit) and its padded size, rows x longest row, stays
+    within ``tokens`` (None: no token limit); a sequence longer than ``tokens`` forms a
+    micro-batch of its own. The accumulated gradient does not depend on how sequences are
+    grouped: every micro-batch uses the mini-batch's global denominators.
+
+    Raises:
+        ValueError: ``micro`` or ``tokens`` < 1.
+    """
+    if micro is not None and micro < 1:
+        raise ValueError(f"micro-batch size must be >= 1 sequence, got {micro}")
+    if tokens is not None and tokens < 1:
+        raise ValueError(f"micro-batch token budget must be >= 1, got {tokens}")
     by_key: dict[tuple[float, int, float], list[int]] = {}
     for i, s in enumerate(seqs):
         by_key.setdefault(s.sampling_key, []).append(i)
-    out = []
+    out: list[list[int]] = []
     for key in sorted(by_key):
         first = {i: tuple(seqs[i].ids[: prefix_len(seqs[i])]) for i in by_key[key]}
         longest: dict[tuple[int, ...], int] = {}
         for i in by_key[key]:
             longest.setdefault(first[i], len(seqs[i].ids))
         idx = sorted(by_key[key], key=lambda i: (longest[first[i]], first[i], len(seqs[i].ids), i))
-        out += [idx[j:j + micro] for j in range(0, len(idx), micro)]
+        cur: list[int] = []
+        width = 0
+        for i in idx:
+            w = max(width, len(seqs[i].ids))
+            full = (micro is not None and len(cur) + 1 > micro) or (tokens is not None and (len(cur) + 1) * w > tokens)
+            if cur and full:
+                out.append(cur)
+                cur, w = [], len(seqs[i].ids)
+            cur.append(i)
+            width = w
+        if cur:
+            out.append(cur)
     return out
 
 
@@ -104,7 +127,8 @@ def hidden_shared_prefix(decoder: Any, ids: Any, attn: Any, sel: Any, prefix_len
 
 def sequence_logprobs(model: Any, ids: Any, attn: Any, mask: Any, key: tuple[float, int, float],
                       autocast_ctx: Callable[[], Any], with_entropy: bool = False, *,
-                      prefix_lens: list[int] | None = None, pad_id: int = 0) -> tuple[Any, Any]:
+                      prefix_lens: list[int] | None = None, pad_id: int = 0,
+                      chunk_tokens: int = DEFAULT_LOGPROB_CHUNK_TOKENS) -> tuple[Any, Any]:
     """``[B, L-1]`` float32 log-probs of ``ids[:, 1:]`` under the sampler's processed
     distribution ``key`` = (temperature, top_k, top_p) (and entropies, nats), computed only where
     ``mask`` is 1; exactly 0 elsewhere.
@@ -113,28 +137,47 @@ def sequence_logprobs(model: Any, ids: Any, attn: Any, mask: Any, key: tuple[flo
     positions: prompt, observation and padding positions never need logits, and on multi-turn
     episodes they are most of the sequence. With ``prefix_lens`` each distinct first prompt is
     run once (:func:`hidden_shared_prefix`).
+
+    ``chunk_tokens`` > 0: the projection, the processing and the entropy run ``chunk_tokens``
+    policy tokens at a time (:func:`tasks.train.logprobs.chunked_logprobs`, recomputed chunk by
+    chunk in the backward pass), so memory beyond the decoder's activations is bounded by one
+    chunk's ``[chunk_tokens, V]`` logits, whatever the micro-batch; 0: all ``N`` selected
+    positions at once (``[N, V]`` float32 logits, several copies kept for the backward pass), the
+    path before chunking, kept for comparison (equal to rounding).
+
+    Raises:
+        ValueError: ``chunk_tokens`` < 0.
     """
     import torch
 
-    from tasks.train.logprobs import entropy_from_logits, token_logprobs
+    from tasks.train.logprobs import chunked_logprobs, entropy_from_logits, token_logprobs
 
+    if chunk_tokens < 0:
+        raise ValueError(f"chunk_tokens must be >= 0 (0: unchunked), got {chunk_tokens}")
     temperature, top_k, top_p = key
     sel = mask.bool()  # [B, L-1]
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = inner.get_output_embeddings()
     with autocast_ctx():
         if prefix_lens is None:
             hidden = inner.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # [B, L-1, H]
             hidden = hidden[sel.to(hidden.device)]
         else:
             hidden = hidden_shared_prefix(inner.get_decoder(), ids, attn, sel, prefix_lens, pad_id)
-        logits = inner.get_output_embeddings()(hidden)  # [N, V]
     targets = ids[:, 1:][sel.to(ids.device)]
-    lp = token_logprobs(logits, targets, temperature=temperature, top_k=top_k or None,
-                       top_p=top_p if top_p < 1.0 else None).cpu()
-    logp = torch.zeros(sel.shape, dtype=torch.float32).index_put((sel.nonzero(as_tuple=True)), lp)
-    ent = None
-    if with_entropy:
-        with torch.no_grad():
-            e = entropy_from_logits(logits.detach(), temperature=temperature).cpu()
-            ent = torch.zeros(sel.shape, dtype=torch.float32).index_put((sel.nonzero(as_tuple=True)), e)
+    proc = {"temperature": temperature, "top_k": top_k or None, "top_p": top_p if top_p < 1.0 else None}
+    if chunk_tokens:
+        lp, e = chunked_logprobs(hidden, head, targets, chunk=chunk_tokens, with_entropy=with_entropy,
+                                 autocast_ctx=autocast_ctx, **proc)
+    else:  # the whole [N, V] at once
+        with autocast_ctx():
+            logits = head(hidden)  # [N, V]
+        lp = token_logprobs(logits, targets, **proc)
+        e = None
+        if with_entropy:
+            with torch.no_grad():
+                e = entropy_from_logits(logits.detach(), temperature=temperature)
+    where = sel.nonzero(as_tuple=True)
+    logp = torch.zeros(sel.shape, dtype=torch.float32).index_put(where, lp.cpu())
+    ent = torch.zeros(sel.shape, dtype=torch.float32).index_put(where, e.cpu()) if with_entropy else None
     return logp, ent

@@ -1,6 +1,11 @@
-"""Log-probabilities of sampled tokens under the sampler's processed distribution."""
+"""Log-probabilities of sampled tokens under the sampler's processed distribution, whole or in
+chunks of tokens (:func:`chunked_logprobs`: the trainer's path, whose memory does not grow with
+the number of tokens)."""
 
 from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
 
 import torch
 
@@ -65,3 +70,60 @@ def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0) -> to
     x = logits.float() / temperature
     logp = torch.log_softmax(x, dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def chunked_logprobs(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, *,
+                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, chunk: int = 256,
+                     with_entropy: bool = False, autocast_ctx: Callable[[], Any] = contextlib.nullcontext
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of ``targets`` ``[N]`` (long) given final hidden states ``hidden``
+    ``[N, H]`` and the output projection ``head`` (hidden ``[n, H]`` -> logits ``[n, V]``, run
+    under ``autocast_ctx``), ``chunk`` tokens at a time, so that no ``[N, V]`` tensor exists.
+
+    Each chunk computes exactly what :func:`token_logprobs` (log-probs under the processed
+    distribution: temperature, top-k, top-p) and :func:`entropy_from_logits` (entropy of
+    softmax(logits / temperature), detached) compute on that chunk's rows; the values equal the
+    unchunked computation's to float rounding. When ``hidden`` needs a gradient, each chunk runs
+    under ``torch.utils.checkpoint``: its forward keeps only its ``[n, H]`` input and its ``[n]``
+    output, and the backward recomputes the chunk's projection and processing, one chunk at a
+    time. The gradient reaches ``hidden`` and any trainable weight of ``head`` (none under LoRA
+    on SmolLM2: the head is the frozen, tied embedding).
+
+    Returns:
+        float32 ``[N]`` log-probs (``-inf`` outside the top-k/top-p support) and float32 ``[N]``
+        entropies (nats; None unless ``with_entropy``), on ``hidden``'s device.
+
+    Raises:
+        ValueError: ``chunk`` < 1, ``hidden`` and ``targets`` of different lengths, or bad
+            processing settings (:func:`process_logits`).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 token, got {chunk}")
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} do not line up "
+                         "(want [N, H] and [N])")
+
+    def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with autocast_ctx():
+            logits = head(h)  # [n, V]
+        lp = token_logprobs(logits, t, temperature=temperature, top_k=top_k, top_p=top_p)
+        ent = None
+        if with_entropy:
+            with torch.no_grad():
+                ent = entropy_from_logits(logits.detach(), temperature=temperature)
+        return lp, ent
+
+    from torch.utils.checkpoint import checkpoint
+
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(
+        p.requires_grad for p in getattr(head, "parameters", lambda: [])()))
+    lps, ents = [], []
+    for a in range(0, hidden.shape[0], chunk):
+        h, t = hidden[a:a + chunk], targets[a:a + chunk]
+        lp, ent = checkpoint(piece, h, t, use_reentrant=False, preserve_rng_state=False) if grad else piece(h, t)
+        lps.append(lp)
+        ents.append(ent)
+    if not lps:  # no token: empty outputs of the right kind
+        empty = hidden.new_zeros((0,), dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)

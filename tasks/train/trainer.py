@@ -245,6 +245,10 @@ class Trainer:
             return {}
         return {"prefix_lens": [len(f) for f in firsts], "pad_id": self.pad_id}
 
+    def _micro_batches(self, seqs: list[TrainSequence]) -> list[list[int]]:
+        """:func:`micro_batches` under the config's count and token budget."""
+        return micro_batches(seqs, self.tc.micro_batch_size, self.tc.micro_tokens)
+
     def passes(self, seqs: list[TrainSequence], indices: list[int], which: str) -> dict[int, Any]:
         """No-grad log-probs per sequence (1-D ``[len(ids) - 1]``, 0 where masked) under ``which``:
         ``policy`` (the current adapter) or ``reference``."""
@@ -253,8 +257,7 @@ class Trainer:
         from tasks.train.distributed import max_over_ranks
 
         out: dict[int, Any] = {}
-        mbs = [[indices[j] for j in local] for local in micro_batches([seqs[i] for i in indices],
-                                                                     self.tc.micro_batch_size)]
+        mbs = [[indices[j] for j in local] for local in self._micro_batches([seqs[i] for i in indices])]
         if self.fsdp is not None:  # every rank all-gathers the layers as often as the others: pad with
             # forwards of one sequence (the shortest) whose log-probs are thrown away
             mbs += [None] * (max_over_ranks([len(mbs)], self.dist)[0] - len(mbs))
@@ -471,7 +474,7 @@ class Trainer:
         r_min, r_max, r_sum, seen = math.inf, -math.inf, 0.0, 0.0
         mis_sum, mis_max, mis_n = 0.0, 0.0, 0
         measure_mismatch = b.mismatch is None
-        mbs = [[mine[j] for j in local] for local in micro_batches([seqs[i] for i in mine], tc.micro_batch_size)]
+        mbs = [[mine[j] for j in local] for local in self._micro_batches([seqs[i] for i in mine])]
         # a rank with less to do joins the collectives with zero-gradient passes of one sequence, after
         # its micro-batches as in :meth:`passes` (so that the ranks' j-th forwards are the same in both:
         # the shared-prompt decision): DDP's one all-reduce when it has nothing; under FSDP every
@@ -589,6 +592,7 @@ class Trainer:
         """:func:`sequence_logprobs` of the policy: under several processes through FSDP's root module
         (always) or DDP's (for a training forward, ``train``)."""
         ids, attn = ids.to(self.device), attn.to(self.device)
+        kw = {**kw, "chunk_tokens": self.tc.chunk_tokens}
         if self.fsdp is not None:
             return self.fsdp(ids, attn, mask, key, self.ac, with_entropy, kw)
         if self.ddp is not None and train:

@@ -161,6 +161,20 @@ def test_train_step(tmp_path):
     assert "TRL" in row["skipped"] and "trl_s_per_iter" not in row and "losses_agree" not in row
 
 
+def test_train_memory(tmp_path):
+    row = run_smoke("train_memory", tmp_path)
+    assert row["model"] == "tiny-2x128-v1024" and row["config"] == "p6-findings.yaml" and row["micro_batch_size"] == 16
+    old, new = row["cases"]["p6-longest/old"], row["cases"]["p6-longest/new"]
+    # old: the 4 sequences (34 tokens each) in one micro-batch; new: 64 padded tokens, so one each
+    assert old["micro_batches"] == 1 and old["largest_micro_batch_tokens"] == 4 * 34
+    assert new["micro_batches"] == 4 and new["largest_micro_batch_tokens"] == 34
+    assert old["policy_tokens"] == new["policy_tokens"] == 4 * 16
+    # the same step whichever path: the gradient norm agrees to float rounding
+    assert new["grad_norm"] == pytest.approx(old["grad_norm"], rel=1e-4) and old["grad_norm"] > 0
+    assert all(c["peak_rss_mb"] > 100 and c["step_s"] > 0 for c in (old, new))
+    assert row["new_max_peak_rss_mb"] == new["peak_rss_mb"] and row["goal_met"] == {"new": None}  # smoke: no verdict
+
+
 def test_online_iteration(tmp_path):
     row = run_smoke("online_iteration", tmp_path)
     (arm,) = row["arms"]
