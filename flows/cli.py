@@ -126,18 +126,19 @@ def run(
     _quiet_libraries()
     from flows.pipeline import pipeline
 
+    from schemas import ArtifactError
     from tasks.rollout.cluster import NoWorkersError
 
-    _one_line_for(NoWorkersError)
+    _one_line_for(NoWorkersError, ArtifactError)
     t0 = time.perf_counter()
     try:
         with _settled_server(), tagged(cfg):  # every flow and task run of the run carries the config's name and paper
             result = pipeline(cfg, str(rd), from_stage)
-    except NoWorkersError as e:  # the stage record keeps it; a rerun resumes at the failed stage
-        typer.secho(str(e), fg="red", err=True)
+        _print_summary(rd, result, time.perf_counter() - t0, cfg)
+    except (NoWorkersError, ArtifactError) as e:  # the stage record keeps it; a rerun resumes at the failed stage
+        # (an ArtifactError: a changed artifact the cache check refused (flows/cache.py) or a reader met)
+        typer.secho(" ".join(str(e).split()), fg="red", err=True)
         raise typer.Exit(1)
-    total = time.perf_counter() - t0
-    _print_summary(rd, result, total, cfg)
 
 
 @app.command("train")

@@ -23,6 +23,7 @@ from prefect.context import TaskRunContext
 from schemas import CONTRACTS, ArtifactRef, ArtifactStore
 from schemas.contracts import PIPELINE_CONTRACTS
 from schemas.faults import fault_point
+from flows.cache import check_cached_result
 from flows.status import STATE_DIR
 from tasks.config import RunConfig
 from tasks.hashing import sha256_json
@@ -67,7 +68,13 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
                force: bool) -> tuple[dict[str, ArtifactRef], str]:
     """Call a stage task with the run's result storage; returns (outputs, Prefect state name).
 
-    ``force`` refreshes the cache (the stage runs even when a cached result exists).
+    ``force`` refreshes the cache (the stage runs even when a cached result exists). Without it,
+    a cached result counts only when every artifact it names still matches (SHA-256 and rows,
+    :func:`flows.cache.check_cached_result`); otherwise the stage runs again.
+
+    Raises:
+        flows.cache.StaleCacheError: a sealed stage's (evaluate) cached artifact changed on disk;
+            the stage's record is left as it was (``harnessrl status`` shows it ``corrupt``).
     """
     stage = stage_task_.name
     store = ArtifactStore(run_dir)
@@ -76,6 +83,9 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
     if stray:
         logging.getLogger("harnessrl.flows").warning("%s: removed %d temp file(s) of an interrupted write: %s",
                                                      stage, len(stray), ", ".join(stray))
+    storage = result_storage(store)
+    if not force:
+        force = check_cached_result(store, stage, storage, stage_cache_key(stage, {"cfg": cfg, "inputs": inputs}))
     started = _now()
     try:
         earlier = store.read_json(stage_state_path(stage)) if store.exists(stage_state_path(stage)) else {}
@@ -84,7 +94,6 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
     record = {"stage": stage, "state": "Running", "pid": os.getpid(), "host": socket.gethostname(),
               "started_at": started, "finished_at": None, "seconds": None, "error": None}
     store.write_json(stage_state_path(stage), record)
-    storage = result_storage(store)
     t = stage_task_.with_options(result_storage=storage, refresh_cache=force)
     t0 = time.perf_counter()
     state = t(run_dir, cfg, inputs, return_state=True)
