@@ -23,6 +23,7 @@ from prefect.context import TaskRunContext
 from schemas import CONTRACTS, ArtifactRef, ArtifactStore
 from schemas.contracts import PIPELINE_CONTRACTS
 from schemas.faults import fault_point
+from flows import stopping
 from flows.cache import check_cached_result
 from flows.status import STATE_DIR
 from tasks.config import RunConfig
@@ -56,6 +57,8 @@ def stage_task(stage: str, fn: StageFn) -> Any:
     """A cached Prefect task running ``fn`` over the run's artifact store."""
 
     def stage_body(run_dir: str, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
+        stopping.note_task_run()  # a stop (SIGTERM, SIGINT) marks this task run Cancelled
+        fault_point(f"task:{stage}")
         return fn(ArtifactStore(run_dir), cfg, inputs)
 
     def key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -94,9 +97,17 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
     record = {"stage": stage, "state": "Running", "pid": os.getpid(), "host": socket.gethostname(),
               "started_at": started, "finished_at": None, "seconds": None, "error": None}
     store.write_json(stage_state_path(stage), record)
+    stopping.note_flow_run()
+    stopping.note_stage(store.url, stage, record)
     t = stage_task_.with_options(result_storage=storage, refresh_cache=force)
     t0 = time.perf_counter()
-    state = t(run_dir, cfg, inputs, return_state=True)
+    try:
+        state = t(run_dir, cfg, inputs, return_state=True)
+    except BaseException as e:  # a stop (SIGTERM, SIGINT) unwinding: the record says Cancelled
+        if stopping.is_stop(e):
+            stopping.write_cancelled_stage(stopping.REGISTRY.signum or getattr(e, "signal", None))
+        raise
+    stopping.note_stage(None)
     record.update(finished_at=_now(), seconds=round(time.perf_counter() - t0, 3), state=state.name)
     # the seconds the stage last computed (a cache hit keeps the earlier figure): a run's wall time
     if state.name == "Cached":
@@ -131,7 +142,7 @@ def result_storage(store: ArtifactStore) -> Any:
 
 
 def stage_state_path(stage: str) -> str:
-    """Store path of a stage's last-run record (JSON: stage, state Running|Completed|Cached|Failed,
+    """Store path of a stage's last-run record (JSON: stage, state Running|Completed|Cached|Failed|Cancelled,
     pid, host, started_at/finished_at (UTC ISO 8601), seconds, compute_seconds (the seconds of the
     stage's last run that was not a cache hit), error), read by ``harnessrl status``."""
     return f"{STATE_DIR}/{stage}.json"
