@@ -115,10 +115,8 @@ def signal_name(signum: int | None) -> str:
 def cancelled_record(record: dict[str, Any], signum: int | None) -> dict[str, Any]:
     """The stage record ``record`` as a stop leaves it: state ``Cancelled``, finished now, the
     signal as its error."""
-    from flows.common import _now
-
     out = dict(record)
-    out.update(state="Cancelled", finished_at=_now(), error=f"stopped by {signal_name(signum)}; a rerun resumes here")
+    out.update(state="Cancelled", finished_at=_dt.datetime.now(_dt.timezone.utc).isoformat(), error=f"stopped by {signal_name(signum)}; a rerun resumes here")
     if out.get("started_at"):
         started = _dt.datetime.fromisoformat(out["started_at"])
         out["seconds"] = round((_dt.datetime.now(_dt.timezone.utc) - started).total_seconds(), 3)
@@ -127,7 +125,7 @@ def cancelled_record(record: dict[str, Any], signum: int | None) -> dict[str, An
 
 def write_cancelled_stage(signum: int | None) -> str | None:
     """Write the running stage's record as Cancelled (once); returns the stage or None."""
-    from flows.common import stage_state_path
+    from flows.status import STATE_DIR
     from schemas import ArtifactStore
 
     with REGISTRY.lock:
@@ -138,7 +136,7 @@ def write_cancelled_stage(signum: int | None) -> str | None:
     url, stage, record = current
     REGISTRY.cancelled_stage = stage
     try:
-        ArtifactStore(url).write_json(stage_state_path(stage), cancelled_record(record, signum))
+        ArtifactStore(url).write_json(f"{STATE_DIR}/{stage}.json", cancelled_record(record, signum))  # stage_state_path
     except Exception:  # the record is a convenience: status then says interrupted
         pass
     return stage
