@@ -99,7 +99,9 @@ def run(
     quick: bool = typer.Option(False, "--quick", help="apply the config's own `quick` section first (a smaller "
                                "version of the experiment)"),
 ) -> None:
-    """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached."""
+    """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached
+    (while their artifacts' bytes match their manifests). SIGTERM or Ctrl-C stops it within seconds:
+    the running stage is marked cancelled (a rerun resumes there), exit 143 / 130."""
     from tasks.train.distributed import under_torchrun
 
     if under_torchrun():
@@ -678,9 +680,14 @@ def _run_experiment(cfg: Any, run_dir: Optional[Path], name: str) -> None:
     prepare_environment(Path(cfg.run_root))
     _quiet_libraries()
     run_flow = getattr(importlib.import_module(f"flows.{name}"), f"{name}_flow")
+    from flows.server import start_temporary_server
+    from flows.stopping import stop_on_signals
+
     t0 = time.perf_counter()
-    with _settled_server(), tagged(cfg):
-        run_flow(cfg, str(rd))
+    with stop_on_signals(f"harnessrl {name}"):  # SIGTERM / SIGINT: cancelled, exit 143 / 130 (see `run`)
+        start_temporary_server()
+        with _settled_server(), tagged(cfg):
+            run_flow(cfg, str(rd))
     typer.echo((rd / name / "report.md").read_text())
     typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
 

@@ -63,6 +63,7 @@ class _Registry:
         self.signum: int | None = None
         self.signalled_at: float | None = None
         self.marked = False  # Prefect states already set Cancelled
+        self.raised = False  # a stop is unwinding the main thread (later signals add nothing)
         self.cancelled_stage: str | None = None  # the stage whose record a stop wrote Cancelled
 
 
@@ -148,9 +149,7 @@ def api_url() -> str | None:
 
     if PREFECT_API_URL.value():
         return str(PREFECT_API_URL.value()).rstrip("/")
-    from prefect.server.api.server import SubprocessASGIServer
-
-    server = SubprocessASGIServer._instances.get(None)
+    server = _temporary_server()
     if server is not None and server.running and server.server_process is not None:
         return server.api_url.rstrip("/")
     return None
@@ -196,12 +195,17 @@ def mark_cancelled(signum: int | None, deadline_s: float = 3.0) -> dict[str, str
     return done
 
 
+def _temporary_server() -> Any:
+    """Prefect's temporary server instance of this process, or None (never imports the server
+    module, seconds of imports, when no server was started)."""
+    module = sys.modules.get("prefect.server.api.server")
+    return None if module is None else module.SubprocessASGIServer._instances.get(None)
+
+
 def stop_temporary_server(wait_s: float = 2.0) -> None:
     """Stop this process's temporary Prefect server, if it started one (SIGTERM, then SIGKILL
     after ``wait_s``)."""
-    from prefect.server.api.server import SubprocessASGIServer
-
-    server = SubprocessASGIServer._instances.get(None)
+    server = _temporary_server()
     proc = getattr(server, "server_process", None)
     if proc is None or proc.poll() is not None:
         return
@@ -216,6 +220,8 @@ class _Guard:
     """The handlers and the watch thread of one :func:`stop_on_signals` block."""
 
     def __init__(self, what: str, grace_s: float):
+        import prefect.exceptions  # noqa: F401  imported now: a handler must not spend seconds importing it
+
         self.what, self.grace_s = what, grace_s
         self.previous: dict[int, Any] = {}
         self.previous_fd = -1
@@ -229,8 +235,10 @@ class _Guard:
         with REGISTRY.lock:
             if REGISTRY.signum is None:
                 REGISTRY.signum, REGISTRY.signalled_at = signum, time.monotonic()
-        if isinstance(sys.exc_info()[1], BaseException) and is_stop(sys.exc_info()[1]):
-            return  # Prefect re-sends the signal while a stop already unwinds: nothing more to do
+        current = sys.exc_info()[1]
+        if REGISTRY.raised or (current is not None and is_stop(current)):
+            return  # a stop already unwinds (Prefect re-sends the signal from its handler): nothing to add
+        REGISTRY.raised = True
         raise TerminationSignal(signal=signum)
 
     def install(self) -> None:
@@ -285,16 +293,18 @@ class _Guard:
 
     def finish(self, exc: BaseException) -> int:
         """The main thread's stop: records, Prefect states, one line. Returns the exit status."""
+        REGISTRY.raised = True
         signum = REGISTRY.signum or int(getattr(exc, "signal", signal.SIGINT))
         stage = write_cancelled_stage(signum) or REGISTRY.cancelled_stage
-        self.main_finished = True
-        from flows.server import settle_temporary_server
+        if _temporary_server() is not None:
+            from flows.server import settle_temporary_server
 
-        # the server records task runs from the event stream: let it catch up (briefly) before marking
-        settle_temporary_server(_dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(seconds=1), timeout_s=1.5)
+            # the server records task runs from the event stream: let it catch up (briefly) before marking
+            settle_temporary_server(_dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(seconds=1), timeout_s=1.5)
         mark_cancelled(signum)
         _say(f"{self.what} stopped by {signal_name(signum)}{': stage ' + stage + ' cancelled' if stage else ''}; "
              "its Prefect runs are marked Cancelled; artifacts intact: rerun the same command to resume")
+        self.main_finished = True  # what is left is the interpreter's exit
         return 128 + int(signum)
 
 
