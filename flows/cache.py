@@ -43,8 +43,8 @@ class StaleCacheError(ArtifactError):
 
     def __init__(self, stage: str, path: str, problem: str, url: str):
         self.stage, self.path, self.problem = stage, path, problem
-        super().__init__(f"{url.rstrip('/')}/{path}: {problem}; the {stage} stage's rows are sealed, so it is not rerun "
-                         f"by itself: check it with `harnessrl verify`, then re-seal with "
+        super().__init__(f"{url.rstrip('/')}/{path}: {problem}; the {stage} stage's rows are sealed, so it is not "
+                         f"rerun by itself: check it with `harnessrl verify`, then re-seal with "
                          f"`harnessrl run --from {stage}` (same config and --run-dir)")
 
 

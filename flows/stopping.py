@@ -117,7 +117,8 @@ def cancelled_record(record: dict[str, Any], signum: int | None) -> dict[str, An
     """The stage record ``record`` as a stop leaves it: state ``Cancelled``, finished now, the
     signal as its error."""
     out = dict(record)
-    out.update(state="Cancelled", finished_at=_dt.datetime.now(_dt.timezone.utc).isoformat(), error=f"stopped by {signal_name(signum)}; a rerun resumes here")
+    out.update(state="Cancelled", finished_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+               error=f"stopped by {signal_name(signum)}; a rerun resumes here")
     if out.get("started_at"):
         started = _dt.datetime.fromisoformat(out["started_at"])
         out["seconds"] = round((_dt.datetime.now(_dt.timezone.utc) - started).total_seconds(), 3)
