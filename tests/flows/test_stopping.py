@@ -84,3 +84,53 @@ def test_without_a_signal_the_body_runs_and_the_handlers_come_back():
         assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
     assert {s: signal.getsignal(s) for s in before} == before
     assert signal.set_wakeup_fd(-1) == -1  # the wakeup fd was given back too
+
+
+PARENT = """
+import subprocess, sys, time
+from flows.server import end_with_this_process
+a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+b = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+end_with_this_process(a.pid)
+print(a.pid, b.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_what_the_run_hands_the_reaper_ends_when_the_run_is_killed():
+    """``flows.server.end_with_this_process``: a SIGKILL of the process that started them ends the
+    processes it named (Prefect's temporary server in a run), and only those."""
+    import psutil
+
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    named, other = (psutil.Process(int(x)) for x in parent.stdout.readline().split())
+    try:
+        reaper = [c for c in psutil.Process(parent.pid).children() if "reaper.py" in " ".join(c.cmdline())]
+        assert len(reaper) == 1
+        parent.kill()
+        parent.wait()
+        gone, alive = psutil.wait_procs([named, reaper[0]], timeout=5)
+        assert alive == []
+        assert other.is_running() and other.status() != psutil.STATUS_ZOMBIE  # not named: left alone
+    finally:
+        for p in (named, other):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+def test_the_reaper_leaves_a_reused_pid_alone():
+    import psutil
+
+    from flows.reaper import reap
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        created = psutil.Process(p.pid).create_time()
+        assert reap({p.pid: created - 5.0}, wait_s=0.5) == [] and p.poll() is None  # another process's pid
+        assert reap({p.pid: created}, wait_s=2.0) == [p.pid]
+        assert p.wait(timeout=5) is not None  # ended (psutil reaped it: the status is its to keep)
+    finally:
+        if p.poll() is None:
+            p.kill()
