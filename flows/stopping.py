@@ -32,6 +32,7 @@ parent (``tasks.rollout.engines.vllm_worker.exit_with_parent``, bwrap ``--die-wi
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as _dt
 import os
@@ -229,6 +230,7 @@ class _Guard:
         self.rsock, self.wsock = socket.socketpair()
         self.wsock.setblocking(False)
         self.main_finished = False
+        self.exiting = False  # the interpreter's exit has begun (an exit handler of ours ran)
 
     def handler(self, signum: int, frame: Any) -> None:
         from prefect.exceptions import TerminationSignal
@@ -248,13 +250,18 @@ class _Guard:
         for s in STOP_SIGNALS:
             self.previous[s] = signal.signal(s, self.handler)
         self.previous_fd = signal.set_wakeup_fd(self.wsock.fileno(), warn_on_full_buffer=False)
+        atexit.register(self._exiting)  # registered last, so run first: before Prefect stops its server
         threading.Thread(target=self.watch, name="harnessrl-stop-watch", daemon=True).start()
+
+    def _exiting(self) -> None:
+        self.exiting = True
 
     def uninstall(self) -> None:
         signal.set_wakeup_fd(self.previous_fd)
         for s, h in self.previous.items():
             signal.signal(s, h)
         if REGISTRY.signum is None:  # no stop under way: the watch thread ends (end-of-file)
+            atexit.unregister(self._exiting)
             self.wsock.close()
 
     def watch(self) -> None:
@@ -268,6 +275,7 @@ class _Guard:
             except OSError:
                 return
             if not data:
+                self.rsock.close()
                 return
             hits = [b for b in data if b in STOP_SIGNALS]
             signum = hits[0] if hits else None
@@ -280,8 +288,12 @@ class _Guard:
     def hard_stop(self, signum: int) -> None:
         """The main thread did not get there in time: stage record, Prefect states, temporary
         server, then ``os._exit(128 + signum)``. After the main thread's own :meth:`finish` (the
-        interpreter's exit is what takes long), only the server and the exit."""
+        interpreter's exit is what takes long), only the server and the exit; and nothing when the
+        interpreter is not exiting (a caller that catches the ``SystemExit`` and goes on, as a test's
+        CLI runner does)."""
         if self.main_finished:
+            if not self.exiting:
+                return
             stop_temporary_server(wait_s=1.5)
             os._exit(128 + int(signum))
         stage = write_cancelled_stage(signum)
@@ -302,9 +314,10 @@ class _Guard:
 
             # the server records task runs from the event stream: let it catch up (briefly) before marking
             settle_temporary_server(_dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(seconds=1), timeout_s=1.5)
-        mark_cancelled(signum)
+        marked = mark_cancelled(signum)
         _say(f"{self.what} stopped by {signal_name(signum)}{': stage ' + stage + ' cancelled' if stage else ''}; "
-             "its Prefect runs are marked Cancelled; artifacts intact: rerun the same command to resume")
+             + (f"{len(marked)} Prefect run(s) marked Cancelled; " if marked else "")
+             + "artifacts intact: rerun the same command to resume")
         self.main_finished = True  # what is left is the interpreter's exit
         return 128 + int(signum)
 
