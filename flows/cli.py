@@ -99,7 +99,9 @@ def run(
     quick: bool = typer.Option(False, "--quick", help="apply the config's own `quick` section first (a smaller "
                                "version of the experiment)"),
 ) -> None:
-    """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached."""
+    """Run the pipeline: freeze -> rollout -> train -> evaluate -> analyze. Finished stages are cached
+    (while their artifacts' bytes match their manifests). SIGTERM or Ctrl-C stops it within seconds:
+    the running stage is marked cancelled (a rerun resumes there), exit 143 / 130."""
     from tasks.train.distributed import under_torchrun
 
     if under_torchrun():
@@ -126,18 +128,24 @@ def run(
     _quiet_libraries()
     from flows.pipeline import pipeline
 
+    from flows.server import start_temporary_server
+    from flows.stopping import stop_on_signals
+    from schemas import ArtifactError
     from tasks.rollout.cluster import NoWorkersError
 
-    _one_line_for(NoWorkersError)
+    _one_line_for(NoWorkersError, ArtifactError)
     t0 = time.perf_counter()
-    try:
-        with _settled_server(), tagged(cfg):  # every flow and task run of the run carries the config's name and paper
-            result = pipeline(cfg, str(rd), from_stage)
-    except NoWorkersError as e:  # the stage record keeps it; a rerun resumes at the failed stage
-        typer.secho(str(e), fg="red", err=True)
-        raise typer.Exit(1)
-    total = time.perf_counter() - t0
-    _print_summary(rd, result, total, cfg)
+    # SIGTERM / SIGINT: the running stage and its Prefect runs are marked cancelled, exit 143 / 130
+    with stop_on_signals("harnessrl run"):
+        start_temporary_server()  # without PREFECT_API_URL: it ends with this process, even on SIGKILL
+        try:
+            with _settled_server(), tagged(cfg):  # every flow and task run carries the config's name and paper
+                result = pipeline(cfg, str(rd), from_stage)
+            _print_summary(rd, result, time.perf_counter() - t0, cfg)
+        except (NoWorkersError, ArtifactError) as e:  # the stage record keeps it; a rerun resumes at the failed stage
+            # (an ArtifactError: a changed artifact the cache check refused (flows/cache.py) or a reader met)
+            typer.secho(" ".join(str(e).split()), fg="red", err=True)
+            raise typer.Exit(1)
 
 
 @app.command("train")
@@ -568,7 +576,7 @@ def _talkmesh_findings(config: Path, run_dir: Optional[Path], set_: list[str], q
 
 @app.command()
 def status(run_dir: str = typer.Argument(..., help="a run folder or fsspec URL (file://, s3://, ...)")) -> None:
-    """A run's stages (done / failed / interrupted / corrupt / missing), each artifact's SHA-256, rows and
+    """A run's stages (done / failed / cancelled / interrupted / corrupt / missing), each artifact's SHA-256, rows and
     creation time, and the pass rates. Exit 2: not a run; exit 1: an artifact differs from its manifest."""
     from rich.console import Console
 
@@ -691,9 +699,14 @@ def _run_experiment(cfg: Any, run_dir: Optional[Path], name: str) -> None:
     prepare_environment(Path(cfg.run_root))
     _quiet_libraries()
     run_flow = getattr(importlib.import_module(f"flows.{name}"), f"{name}_flow")
+    from flows.server import start_temporary_server
+    from flows.stopping import stop_on_signals
+
     t0 = time.perf_counter()
-    with _settled_server(), tagged(cfg):
-        run_flow(cfg, str(rd))
+    with stop_on_signals(f"harnessrl {name}"):  # SIGTERM / SIGINT: cancelled, exit 143 / 130 (see `run`)
+        start_temporary_server()
+        with _settled_server(), tagged(cfg):
+            run_flow(cfg, str(rd))
     typer.echo((rd / name / "report.md").read_text())
     typer.echo(f"run folder: {rd.resolve()}\ntotal: {time.perf_counter() - t0:.1f} s")
 

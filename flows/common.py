@@ -23,6 +23,8 @@ from prefect.context import TaskRunContext
 from schemas import CONTRACTS, ArtifactRef, ArtifactStore
 from schemas.contracts import PIPELINE_CONTRACTS
 from schemas.faults import fault_point
+from flows import stopping
+from flows.cache import check_cached_result
 from flows.status import STATE_DIR
 from tasks.config import RunConfig
 from tasks.hashing import sha256_json
@@ -55,6 +57,8 @@ def stage_task(stage: str, fn: StageFn) -> Any:
     """A cached Prefect task running ``fn`` over the run's artifact store."""
 
     def stage_body(run_dir: str, cfg: RunConfig, inputs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
+        stopping.note_task_run()  # a stop (SIGTERM, SIGINT) marks this task run Cancelled
+        fault_point(f"task:{stage}")
         return fn(ArtifactStore(run_dir), cfg, inputs)
 
     def key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -67,7 +71,13 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
                force: bool) -> tuple[dict[str, ArtifactRef], str]:
     """Call a stage task with the run's result storage; returns (outputs, Prefect state name).
 
-    ``force`` refreshes the cache (the stage runs even when a cached result exists).
+    ``force`` refreshes the cache (the stage runs even when a cached result exists). Without it,
+    a cached result counts only when every artifact it names still matches (SHA-256 and rows,
+    :func:`flows.cache.check_cached_result`); otherwise the stage runs again.
+
+    Raises:
+        flows.cache.StaleCacheError: a sealed stage's (evaluate) cached artifact changed on disk;
+            the stage's record is left as it was (``harnessrl status`` shows it ``corrupt``).
     """
     stage = stage_task_.name
     store = ArtifactStore(run_dir)
@@ -76,6 +86,9 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
     if stray:
         logging.getLogger("harnessrl.flows").warning("%s: removed %d temp file(s) of an interrupted write: %s",
                                                      stage, len(stray), ", ".join(stray))
+    storage = result_storage(store)
+    if not force:
+        force = check_cached_result(store, stage, storage, stage_cache_key(stage, {"cfg": cfg, "inputs": inputs}))
     started = _now()
     try:
         earlier = store.read_json(stage_state_path(stage)) if store.exists(stage_state_path(stage)) else {}
@@ -84,10 +97,17 @@ def call_stage(stage_task_: Any, run_dir: str, cfg: RunConfig, inputs: dict[str,
     record = {"stage": stage, "state": "Running", "pid": os.getpid(), "host": socket.gethostname(),
               "started_at": started, "finished_at": None, "seconds": None, "error": None}
     store.write_json(stage_state_path(stage), record)
-    storage = result_storage(store)
+    stopping.note_flow_run()
+    stopping.note_stage(store.url, stage, record)
     t = stage_task_.with_options(result_storage=storage, refresh_cache=force)
     t0 = time.perf_counter()
-    state = t(run_dir, cfg, inputs, return_state=True)
+    try:
+        state = t(run_dir, cfg, inputs, return_state=True)
+    except BaseException as e:  # a stop (SIGTERM, SIGINT) unwinding: the record says Cancelled
+        if stopping.is_stop(e):
+            stopping.write_cancelled_stage(stopping.REGISTRY.signum or getattr(e, "signal", None))
+        raise
+    stopping.note_stage(None)
     record.update(finished_at=_now(), seconds=round(time.perf_counter() - t0, 3), state=state.name)
     # the seconds the stage last computed (a cache hit keeps the earlier figure): a run's wall time
     if state.name == "Cached":
@@ -122,7 +142,7 @@ def result_storage(store: ArtifactStore) -> Any:
 
 
 def stage_state_path(stage: str) -> str:
-    """Store path of a stage's last-run record (JSON: stage, state Running|Completed|Cached|Failed,
+    """Store path of a stage's last-run record (JSON: stage, state Running|Completed|Cached|Failed|Cancelled,
     pid, host, started_at/finished_at (UTC ISO 8601), seconds, compute_seconds (the seconds of the
     stage's last run that was not a cache hit), error), read by ``harnessrl status``."""
     return f"{STATE_DIR}/{stage}.json"

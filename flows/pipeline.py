@@ -43,6 +43,9 @@ def chain(cfg: RunConfig, run_dir: str, from_stage: str | None = None, until: st
     (None: all five). Returns ``{stage: {"outputs", "state", "seconds"}}`` for the stages run.
 
     Raises ValueError for an unknown ``from_stage`` or ``until``."""
+    from flows.stopping import note_flow_run
+
+    note_flow_run()  # a stop (SIGTERM, SIGINT) marks this flow run Cancelled
     force = forced(from_stage)
     if until is not None and until not in STAGES:
         raise ValueError(f"until={until!r}: not a stage; stages are {', '.join(STAGES)}")

@@ -14,16 +14,65 @@ traceback after the run's output, and the last task-run states are lost.
 (the events reach the server in order, so every earlier one is stored too), then until every
 task run the stored events name has, in the database, the state of its latest event (the
 recorder's work). Prefect's exit handlers then drain the client's queues and stop an idle server.
+
+Prefect stops its temporary server from an exit handler, which a killed process never runs.
+:func:`start_temporary_server` starts it before the run (as Prefect's client would at its first
+call) and :func:`end_with_this_process` hands its pid to a watch process (:mod:`flows.reaper`)
+that ends it once this process is gone, SIGKILL included.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 SETTLED_EVENT = "harnessrl.run.settled"
+_REAPER: dict[str, Any] = {}  # the watch process and the write end of its pipe (one per process)
+
+
+def end_with_this_process(pid: int) -> None:
+    """Have process ``pid`` ended (SIGTERM, then SIGKILL after 3 s) when this process exits, by
+    any means: the first call starts the watch process :mod:`flows.reaper`, which holds the read
+    end of a pipe whose only write end stays in this process (not inherited by other children);
+    end-of-file on it means this process is gone.
+
+    Raises:
+        psutil.NoSuchProcess: ``pid`` is not running.
+    """
+    import psutil
+
+    created = psutil.Process(pid).create_time()
+    if "fd" not in _REAPER:
+        r, w = os.pipe()  # both non-inheritable; the reaper gets r through pass_fds
+        _REAPER["proc"] = subprocess.Popen([sys.executable, str(Path(__file__).with_name("reaper.py")), str(r)],
+                                           pass_fds=(r,), stdin=subprocess.DEVNULL)
+        os.close(r)
+        _REAPER["fd"] = w
+    os.write(_REAPER["fd"], f"{pid} {created!r}\n".encode())
+
+
+def start_temporary_server() -> int | None:
+    """Without ``PREFECT_API_URL``, start Prefect's temporary server now (the same instance its
+    client starts at the first API call) and have it end with this process
+    (:func:`end_with_this_process`). Returns the server's pid, or None when an API of one's own is
+    configured (nothing started)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start()
+    assert server.server_process is not None
+    end_with_this_process(server.server_process.pid)
+    return server.server_process.pid
 
 
 def settle_temporary_server(since: _dt.datetime, timeout_s: float = 120.0) -> bool:

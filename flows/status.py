@@ -5,6 +5,8 @@ by :func:`flows.common.call_stage`) checked against its artifacts:
 
 * ``done``: every artifact of the stage has a manifest and a Parquet file whose SHA-256 matches it;
 * ``failed``: the last run of the stage raised (the record holds the error);
+* ``cancelled``: the last run of the stage was stopped by SIGTERM or SIGINT (``harnessrl run``
+  wrote it, :mod:`flows.stopping`); a rerun resumes there;
 * ``interrupted``: the record says Running but its process is gone (same host), e.g. killed;
 * ``running``: the record says Running and its process is alive (or on another host);
 * ``corrupt``: a Parquet file is missing or its SHA-256 differs from its manifest;
@@ -93,6 +95,8 @@ def stage_status(store: ArtifactStore, stage: str) -> StageStatus:
     st = record.get("state") if record else None
     if st == "Failed":
         state = "failed"
+    elif st == "Cancelled":
+        state = "cancelled"
     elif st == "Running":
         local = record.get("host") == socket.gethostname()
         state = "interrupted" if local and not _alive(int(record.get("pid", 0))) else "running"
@@ -140,8 +144,8 @@ def render(store: ArtifactStore, stages: list[StageStatus], rates: list[dict[str
     """Print the stage table, the artifact table and the pass-rate table with rich."""
     from rich.table import Table
 
-    colour = {"done": "green", "failed": "red", "corrupt": "red", "interrupted": "yellow", "running": "cyan",
-              "missing": "dim"}
+    colour = {"done": "green", "failed": "red", "corrupt": "red", "interrupted": "yellow", "cancelled": "yellow",
+              "running": "cyan", "missing": "dim"}
     t = Table(title=f"harnessrl run: {store.url}")
     for col in ("stage", "state", "last run", "seconds", "artifacts", "note"):
         t.add_column(col)

@@ -6,6 +6,7 @@ Points (``STAGE`` one of freeze, rollout, train, evaluate, analyze; ``REL`` a st
 
 ==========================  ===============================================================
 ``before:STAGE``            between stages: the previous stage finished, STAGE not started
+``task:STAGE``              inside STAGE's Prefect task run, before the stage's function
 ``after:STAGE``             STAGE's task finished and its result is persisted; next not started
 ``tmp-written:REL``         inside a stage: REL's bytes are in the temp file, not yet renamed
 ``renamed:REL``             inside a stage: REL renamed into place, its manifest not yet written
@@ -19,6 +20,12 @@ With ``HARNESSRL_FAULT_ONCE=<path>`` as well, only the first process to reach th
 creates ``<path>`` (exclusively; it holds ``<pid> <point>``) just before; a process that finds the
 file there goes on (a killed worker's shard rerun elsewhere then runs to the end).
 
+With ``HARNESSRL_FAULT_HOLD=<seconds>`` the process does not die at the point: it holds there
+that long (a stage that takes time, for stop tests), in ``time.sleep``, which a signal handler
+interrupts; ``<seconds>:blocked`` holds with SIGTERM and SIGINT blocked in the holding thread, as
+a long native call (a training step) would hold Python's handlers back. Either way it writes
+``fault-hold <point> <pid>`` to stderr first, then goes on.
+
 Unset (the default) every point is a no-op costing one dictionary lookup.
 """
 
@@ -29,13 +36,22 @@ import signal
 
 ENV = "HARNESSRL_FAULT"
 ONCE_ENV = "HARNESSRL_FAULT_ONCE"
+HOLD_ENV = "HARNESSRL_FAULT_HOLD"
 
 
 def fault_point(point: str) -> None:
     """SIGKILL this process when ``$HARNESSRL_FAULT`` equals ``point`` (and, with
-    ``$HARNESSRL_FAULT_ONCE``, no process did before; see the module docstring). Returns normally
-    otherwise."""
+    ``$HARNESSRL_FAULT_ONCE``, no process did before), or hold it there with
+    ``$HARNESSRL_FAULT_HOLD`` (see the module docstring). Returns normally otherwise.
+
+    Raises:
+        ValueError: ``$HARNESSRL_FAULT_HOLD`` is not ``<seconds>`` or ``<seconds>:blocked``.
+    """
     if os.environ.get(ENV) != point:
+        return
+    hold = os.environ.get(HOLD_ENV)
+    if hold:
+        _hold(point, hold)
         return
     once = os.environ.get(ONCE_ENV)
     if once:
@@ -47,3 +63,29 @@ def fault_point(point: str) -> None:
         os.fsync(fd)
         os.close(fd)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hold(point: str, spec: str) -> None:
+    import sys
+    import time
+
+    seconds, _, how = spec.partition(":")
+    try:
+        secs = float(seconds)
+    except ValueError:
+        secs = -1.0
+    if secs < 0 or how not in ("", "blocked"):
+        raise ValueError(f"{HOLD_ENV}={spec!r}: expected <seconds> or <seconds>:blocked")
+    sys.stderr.write(f"fault-hold {point} {os.getpid()}\n")
+    sys.stderr.flush()
+    if how != "blocked":
+        time.sleep(secs)
+        return
+    stops = {signal.SIGTERM, signal.SIGINT}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        end = time.monotonic() + secs
+        while time.monotonic() < end:
+            time.sleep(max(end - time.monotonic(), 0.0))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

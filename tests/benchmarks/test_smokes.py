@@ -268,3 +268,11 @@ def test_p5_beta_pilot(tmp_path):
     assert all(a["late_kl"] == a["late_kl"] for a in arms.values())  # measured: no NaN
     assert row["chosen_beta"] in (0.05, 0.3, 1.0)
     assert row["rule_met"] == any(arms[b]["late_kl"] <= 0.5 * arms[0.001]["late_kl"] for b in (0.05, 0.3, 1.0))
+
+
+def test_cache_check(tmp_path):
+    row = run_smoke("cache_check", tmp_path)
+    assert row["artifacts"] == 5 and set(row["stages"]) == {"freeze", "rollout", "train", "evaluate", "analyze"}
+    assert row["bytes"] == sum(s["bytes"] for s in row["stages"].values()) > 0
+    assert row["first_s"] == pytest.approx(sum(s["first_s"] for s in row["stages"].values()), abs=1e-3)
+    assert row["warm_s"] > 0 and row["warm_mb_per_s"] == pytest.approx(row["bytes"] / 1e6 / row["warm_s"], rel=0.01)

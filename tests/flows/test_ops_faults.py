@@ -1,7 +1,8 @@
 """Crash safety and ``harnessrl status`` on a tiny-model run: the pipeline is SIGKILLed at three
 points (between freeze and rollout, inside rollout between temp write and rename, inside train
 after a Parquet rename but before its manifest); each rerun resumes, finished stages show as
-Cached, no temp file or half-written artifact is ever visible, and ``harnessrl verify`` passes."""
+Cached, no temp file or half-written artifact is ever visible, and ``harnessrl verify`` passes;
+then a changed sealed artifact is refused in one line and a deleted one reruns its stage."""
 
 from __future__ import annotations
 
@@ -139,6 +140,27 @@ def test_kill_at_three_points_then_resume(tiny_model_dir, prefect_harness, tmp_p
         assert bad.exit_code == 1 and "corrupt" in bad.output and "differs from manifest" in bad.output
     finally:
         path.write_bytes(original)
+
+    # a rerun checks the cached results' bytes (flows/cache.py): a changed sealed artifact is refused in
+    # one line (no traceback, exit 1) ...
+    sealed = rd / "evaluate/evaluations.parquet"
+    original = sealed.read_bytes()
+    sealed.write_bytes(original[:-10] + b"0123456789")
+    rc, out = cli_run(cfg_path, rd, home, None)
+    assert rc == 1 and "Traceback" not in out, out
+    line = [x for x in out.splitlines() if "rows are sealed" in x and not x[:2].isdigit()]  # the CLI's, not a log line
+    assert len(line) == 1 and f"{rd}/evaluate/evaluations.parquet" in line[0], out
+    assert "differs from its manifest" in line[0] and "harnessrl run --from evaluate" in line[0]
+    assert status_of(rd)["evaluate"] == "corrupt"
+    sealed.write_bytes(original)
+    # ... and a missing one reruns its stage, whose identical bytes keep the later stages Cached
+    (rd / "rollout/turns.parquet").unlink()
+    rc, out = cli_run(cfg_path, rd, home, None)
+    assert rc == 0, out
+    assert states(out) == {"freeze": "Cached", "rollout": "Completed", "train": "Cached", "evaluate": "Cached",
+                           "analyze": "Cached"}
+    assert "rollout/turns.parquet, but the file is missing: running the stage again" in out
+    assert status_of(rd) == dict.fromkeys(STAGES, "done")
 
 
 def test_status_refuses_a_folder_that_is_not_a_run(tmp_path):

@@ -84,3 +84,33 @@ def test_without_the_watch_the_worker_outlives_its_parent():
             os.killpg(worker, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_a_stop_by_signal_kills_a_busy_worker_at_once(tmp_path, monkeypatch):
+    """Leaving ``with VLLMPolicy(...)`` by a stop (Prefect's TerminationSignal: a BaseException)
+    kills the worker's group at once; a worker in the middle of a batch reads no request, so the
+    polite shutdown of an ordinary exit would wait ``close``'s 30 s for it."""
+    from prefect.exceptions import TerminationSignal
+
+    from tasks.rollout.engines import vllm_engine
+
+    busy = tmp_path / "busy_worker.py"  # answers "started", then computes without reading its input
+    busy.write_text("import json, subprocess, sys, time\n"
+                    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                    "print(json.dumps({'ok': True, 'child': child.pid}), flush=True)\n"
+                    "time.sleep(60)\n")
+    monkeypatch.setattr(vllm_engine, "WORKER", busy)
+    worker = vllm_engine._Worker(Path(sys.executable), {}, dict(os.environ), start_timeout_s=30)
+    policy = object.__new__(vllm_engine.VLLMPolicy)
+    policy._worker, policy._merged_dir = worker, None
+    pids = [worker.proc.pid, worker.ready["child"]]
+    t0 = time.monotonic()
+    try:
+        policy.__exit__(TerminationSignal, TerminationSignal(signal.SIGTERM), None)
+        assert time.monotonic() - t0 < 5 and _gone_within(pids, 2.0)
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

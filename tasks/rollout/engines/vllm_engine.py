@@ -188,6 +188,16 @@ class _Worker:
     def kill(self) -> None:
         self._finalizer()
 
+    def kill_now(self) -> None:
+        """SIGKILL the worker's process group at once (a stop by signal: no time for a polite
+        shutdown of a worker in the middle of a batch), then clean up as :meth:`kill`."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.kill()
+
 
 def _kill_group(proc: subprocess.Popen, log_path: str) -> None:
     """End the worker and anything it started (its own process group), then remove its log."""
@@ -381,5 +391,10 @@ class VLLMPolicy:
     def __enter__(self) -> "VLLMPolicy":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        # a stop by signal (Prefect's TerminationSignal, KeyboardInterrupt: BaseExceptions that are
+        # not Exceptions) unwinding through here: the worker is killed, not asked (it would finish
+        # its batch first)
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            self._worker.kill_now()
         self.close()
