@@ -65,8 +65,14 @@ def fault_point(point: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _hold(point: str, spec: str) -> None:
+def _say_holding(point: str) -> None:
     import sys
+
+    sys.stderr.write(f"fault-hold {point} {os.getpid()}\n")
+    sys.stderr.flush()
+
+
+def _hold(point: str, spec: str) -> None:
     import time
 
     seconds, _, how = spec.partition(":")
@@ -76,14 +82,14 @@ def _hold(point: str, spec: str) -> None:
         secs = -1.0
     if secs < 0 or how not in ("", "blocked"):
         raise ValueError(f"{HOLD_ENV}={spec!r}: expected <seconds> or <seconds>:blocked")
-    sys.stderr.write(f"fault-hold {point} {os.getpid()}\n")
-    sys.stderr.flush()
     if how != "blocked":
+        _say_holding(point)
         time.sleep(secs)
         return
     stops = {signal.SIGTERM, signal.SIGINT}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
+        _say_holding(point)  # only once blocked: a signal sent on this line must find them held back
         end = time.monotonic() + secs
         while time.monotonic() < end:
             time.sleep(max(end - time.monotonic(), 0.0))

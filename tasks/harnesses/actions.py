@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasks.harnesses.spec import HarnessSpec, ToolSpec
 from tasks.harnesses.tools import IMPLS
+
+if TYPE_CHECKING:  # annotations only: spec's demonstration check imports this module
+    from tasks.harnesses.spec import HarnessSpec, ToolSpec
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:\n```|\Z)", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)

@@ -27,11 +27,11 @@ HARNESSES = ["direct", "react-python", "boxed", "answer-tag"]
 TABLES = ("eval_cells", "eval_contrasts", "eval_findings")
 
 
-def _cfg():
+def _cfg(margin=0.0):
     contrasts = [{"name": "final-minus-base-direct", "a": {"checkpoint": "final", "harness": "direct"},
                   "b": {"checkpoint": "base", "harness": "direct"}}]
     findings = [{"name": "p1-gap", "paper": "P1", "measure": "p1_predictor_gap", "claim": "increase",
-                 "headline": "C - M predicts the gain best",
+                 "headline": "C - M predicts the gain best", "margin": margin,
                  "cells": [{"checkpoint": "final", "harness": h} for h in HARNESSES]}]
     return RunConfig.model_validate({
         "name": "machine", "seed": 3, "suites": [{"name": "basic_arithmetic", "size": 40, "seed": 2}],
@@ -145,18 +145,32 @@ def test_verify_under_another_openblas_core_type_names_it_and_verifies(run, tmp_
     assert "verified:" in out
 
 
-def test_a_p1_interval_end_at_the_margin_may_change_its_verdict_on_another_machine_only(run, tmp_path):
-    """The run's p1 interval ends at 0 up to rounding (R^2 gaps of equal predictors): on another
-    BLAS kernel that end may land below the margin and the rule says "not reproduced"; verify then
-    asks that the recorded verdict follow from the recorded numbers, not that it be the same."""
+@pytest.fixture(scope="module")
+def at_margin(run, tmp_path_factory):
+    """The same run with the p1 finding's margin set to its interval's upper end, exactly: the end
+    sits on the margin, where another BLAS kernel's last bits decide the verdict."""
+    (p1,) = pq.read_table(run / "evaluate/eval_findings.parquet").to_pylist()
+    tmp = tmp_path_factory.mktemp("at-margin")
+    cfg = _cfg(margin=p1["ci_high"])
+    store, refs, *_ = _store(tmp, cfg)
+    run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner(
+        p_resolve={"direct": 0.7, "react-python": 0.2, "boxed": 0.5, "answer-tag": 0.4}, seed=5))
+    return Path(store.root)
+
+
+def test_a_p1_interval_end_at_the_margin_may_change_its_verdict_on_another_machine_only(at_margin, tmp_path):
+    """The p1 interval ends on the margin: on another BLAS kernel that end may land a few ulps
+    below it and the rule says "not reproduced"; verify then asks that the recorded verdict follow
+    from the recorded numbers, not that it be the same."""
     from tasks.evaluate.findings import verdict
 
+    run = at_margin
     (p1,) = pq.read_table(run / "evaluate/eval_findings.parquet").to_pylist()
-    assert abs(p1["ci_high"]) < 1e-12 and p1["verdict"] == "inconclusive", p1
+    assert p1["ci_high"] == p1["margin"] > 0 and p1["verdict"] == "inconclusive", p1
 
-    def other_kernel(rows):  # what another kernel could have written: the end a few ulps below 0
+    def other_kernel(rows):  # what another kernel could have written: the end a few ulps below the margin
         r = rows[0]
-        r["ci_high"] = -abs(r["ci_high"]) or -1e-16
+        r["ci_high"] = r["margin"] - 4 * math.ulp(r["margin"])
         r["verdict"], r["reason"] = verdict(r["claim"], r["estimate"], r["ci_low"], r["ci_high"], r["margin"],
                                             r["control_estimate"])
         assert r["verdict"] == "not reproduced"
