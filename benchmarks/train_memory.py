@@ -15,14 +15,18 @@ alpha 64 on every linear layer, float32, shared prompt, frozen mode with recompu
 
 Each runs ``old`` (``logprob_chunk_tokens: 0``, the whole ``[N, V]`` logits at once; micro-batches
 by the count only, as before), ``new`` (the defaults: chunks of 256 policy tokens, micro-batches
-within 1,536 padded tokens), ``unchunked`` (the token budget with the whole logits at once: what
-the chunking alone saves and costs) and ``new+checkpointing`` (``new`` with
-``gradient_checkpointing: true``, ``share_prompt: false``: the decoder's activations recomputed in
-the backward pass; a micro-batch of one sequence has no prompt to share). A case runs in its own
+within 1,536 padded tokens, a micro-batch without a shared prompt and over 512 padded tokens
+checkpointed automatically), ``new-no-auto`` (``new`` without the automatic checkpointing,
+``checkpoint_above_tokens: 0``: what ``new`` measured before that existed), ``unchunked`` (the
+token budget with the whole logits at once: what the chunking alone saves and costs; no
+automatic checkpointing) and ``new+checkpointing`` (``new`` with ``gradient_checkpointing: true``,
+``share_prompt: false``: the decoder's activations recomputed in the backward pass in every
+micro-batch; a micro-batch of one sequence has no prompt to share). A case runs in its own
 process with ``torch.set_num_threads(2)``; the figure is its ``ru_maxrss`` (resident peak, model
-load included), its step's seconds and its micro-batches. ``--limit-gb`` caps each process's
-address space (``RLIMIT_AS``) so that an old path that would take the shared machine down fails
-alone: such a case reports ``over_limit_gb`` instead of a peak.
+load included), its step's seconds, its micro-batches and how many of their training forwards
+the automatic choice checkpointed. ``--limit-gb`` caps each process's address space
+(``RLIMIT_AS``) so that an old path that would take the shared machine down fails alone: such a
+case reports ``over_limit_gb`` instead of a peak.
 
     flock /tmp/harnessrl-heavy.lock .venv/bin/python benchmarks/train_memory.py
     .venv/bin/python benchmarks/train_memory.py --smoke   # the tests' tiny model, small shapes, seconds
@@ -127,7 +131,7 @@ def run_case(case: dict) -> dict:
             "micro_batches": len(mbs), "largest_micro_batch_tokens": max(len(m) * max(len(seqs[i].ids) for i in m)
                                                                           for m in mbs),
             "sequences": len(seqs), "seq_len": len(seqs[0].ids), "policy_tokens": int(row["tokens"]),
-            "grad_norm": row["grad_norm"]}
+            "grad_norm": row["grad_norm"], "auto_checkpointed_forwards": tr.checkpointed_forwards}
 
 
 def spawn(case: dict, limit_gb: float | None) -> dict:
@@ -164,7 +168,11 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(json.dumps(run_case(json.loads(a.case))), flush=True)
         return None
     from tasks.config import load_config
-    from tasks.config.train import DEFAULT_LOGPROB_CHUNK_TOKENS, DEFAULT_MICRO_BATCH_TOKENS
+    from tasks.config.train import (
+        DEFAULT_CHECKPOINT_ABOVE_TOKENS,
+        DEFAULT_LOGPROB_CHUNK_TOKENS,
+        DEFAULT_MICRO_BATCH_TOKENS,
+    )
     from tasks.rollout.models import resolve_model
 
     cfg = load_config(P6)
@@ -175,8 +183,8 @@ def main(argv: list[str] | None = None) -> dict | None:
 
             model_dir = str(tiny_model(Path(tmp) / "tiny"))
             shapes = {"p6-longest": dict(groups=2, group=2, prompt=12, turns=[(8, 6), (8, 0)])}
-            paths = {"old": {"logprob_chunk_tokens": 0, "micro_batch_tokens": 10**9},
-                     "new": {"logprob_chunk_tokens": 8, "micro_batch_tokens": 64}}
+            paths = {"old": {"logprob_chunk_tokens": 0, "micro_batch_tokens": 10**9, "checkpoint_above_tokens": 0},
+                     "new": {"logprob_chunk_tokens": 8, "micro_batch_tokens": 64, "checkpoint_above_tokens": 32}}
             bound = None
         else:
             from transformers import AutoTokenizer
@@ -187,10 +195,14 @@ def main(argv: list[str] | None = None) -> dict | None:
             turns = [(new, obs)] * (bound["turns"] - 1) + [(new, 0)]
             shapes = {"p6-longest": dict(groups=micro // 8, group=8, prompt=bound["prompt"], turns=turns),
                       "16x8x1024": dict(groups=a.groups_1024, group=8, prompt=256, turns=[(768, 0)])}
-            paths = {"old": {"logprob_chunk_tokens": 0, "micro_batch_tokens": 10**9},
-                     "new": {"logprob_chunk_tokens": DEFAULT_LOGPROB_CHUNK_TOKENS,
-                             "micro_batch_tokens": DEFAULT_MICRO_BATCH_TOKENS},
-                     "unchunked": {"logprob_chunk_tokens": 0, "micro_batch_tokens": DEFAULT_MICRO_BATCH_TOKENS},
+            defaults = {"logprob_chunk_tokens": DEFAULT_LOGPROB_CHUNK_TOKENS,
+                        "micro_batch_tokens": DEFAULT_MICRO_BATCH_TOKENS,
+                        "checkpoint_above_tokens": DEFAULT_CHECKPOINT_ABOVE_TOKENS}
+            paths = {"old": {"logprob_chunk_tokens": 0, "micro_batch_tokens": 10**9, "checkpoint_above_tokens": 0},
+                     "new": defaults,
+                     "new-no-auto": {**defaults, "checkpoint_above_tokens": 0},
+                     "unchunked": {"logprob_chunk_tokens": 0, "micro_batch_tokens": DEFAULT_MICRO_BATCH_TOKENS,
+                                   "checkpoint_above_tokens": 0},
                      "new+checkpointing": {"logprob_chunk_tokens": DEFAULT_LOGPROB_CHUNK_TOKENS,
                                            "micro_batch_tokens": DEFAULT_MICRO_BATCH_TOKENS,
                                            "gradient_checkpointing": True, "share_prompt": False}}

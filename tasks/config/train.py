@@ -13,6 +13,9 @@ from tasks.config.base import _LaterOptions, _Strict
 DEFAULT_LOGPROB_CHUNK_TOKENS = 256
 #: padded tokens (rows x longest row) per micro-batch when ``train.micro_batch_tokens`` is unset
 DEFAULT_MICRO_BATCH_TOKENS = 1536
+#: padded tokens above which a micro-batch without a shared prompt checkpoints its decoder layers
+#: when ``train.checkpoint_above_tokens`` is unset
+DEFAULT_CHECKPOINT_ABOVE_TOKENS = 512
 
 
 class LoraConfig(_Strict):
@@ -127,9 +130,17 @@ class TrainConfig(_LaterOptions):
     256; 0: the whole micro-batch at once, the unchunked path, for comparison). Both change
     float rounding only, and are left out of the dumps when unset (configs written before them
     keep their hashes).
+    ``checkpoint_above_tokens``: a training forward whose micro-batch does not take the
+    shared-prompt path (``share_prompt`` off, or no prompt repeats in it: a long sequence that
+    trains alone) and holds more than this many padded tokens runs with its decoder layers
+    checkpointed (activations recomputed in the backward pass; the same values and gradients);
+    unset: 512; 0: never. Shared-prompt forwards are never checkpointed (their prompt's key/value
+    cache is not recomputable), so it combines with ``share_prompt``; their size is bounded by
+    ``micro_batch_tokens``. Under FSDP the choice is off (checkpoint with
+    ``gradient_checkpointing``). Left out of the dumps when unset, like the two above.
     """
 
-    _later: ClassVar[tuple[str, ...]] = ("micro_batch_tokens", "logprob_chunk_tokens")
+    _later: ClassVar[tuple[str, ...]] = ("micro_batch_tokens", "logprob_chunk_tokens", "checkpoint_above_tokens")
 
     algorithm: Literal["grpo", "gspo", "gspo_token"] = "grpo"
     mode: Literal["frozen", "online"] = "frozen"
@@ -144,6 +155,7 @@ class TrainConfig(_LaterOptions):
     micro_batch_size: int = Field(default=8, gt=0)
     micro_batch_tokens: int | None = Field(default=None, gt=0)
     logprob_chunk_tokens: int | None = Field(default=None, ge=0)
+    checkpoint_above_tokens: int | None = Field(default=None, ge=0)
     grouping: Literal["within", "cross", "cross_coverage_matched", "cross_residualized"] = "within"
     advantage_scale: Literal["std", "none"] = "std"
     # The random-reward control (a learning claim's baseline): the same pipeline, trained on rewards
@@ -190,6 +202,13 @@ class TrainConfig(_LaterOptions):
         (0: unchunked)."""
         n = self.logprob_chunk_tokens
         return n if n is not None else DEFAULT_LOGPROB_CHUNK_TOKENS
+
+    @property
+    def checkpoint_tokens(self) -> int:
+        """Padded tokens above which an unshared training forward is checkpointed:
+        ``checkpoint_above_tokens``, else 512 (0: never)."""
+        n = self.checkpoint_above_tokens
+        return n if n is not None else DEFAULT_CHECKPOINT_ABOVE_TOKENS
 
     @property
     def old_source(self) -> str:

@@ -7,10 +7,54 @@ Every function here is shape-level plumbing with no RL choice in it; the objecti
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 from tasks.config.train import DEFAULT_LOGPROB_CHUNK_TOKENS
 from tasks.train.sequences import TrainSequence
+
+
+@contextlib.contextmanager
+def layer_checkpointing(model: Any, on: bool = True) -> Iterator[int]:
+    """Within the block, every decoder layer of ``model`` (a transformers model, or a peft model
+    around one) that is not already checkpointed runs its forward under
+    ``torch.utils.checkpoint`` (non-reentrant, RNG state preserved: dropout masks are replayed):
+    a training forward keeps only each layer's input for the backward pass, which recomputes the
+    layer. The same values and gradients as without. On exit the layers are as they were (a model
+    with ``gradient_checkpointing_enable`` stays checkpointed). ``on`` False: nothing changes.
+
+    Yields:
+        the number of layers switched on (0 when ``on`` is False or all were already on).
+
+    Raises:
+        ValueError: ``on`` and ``model`` has no checkpointable decoder layer.
+    """
+    if not on:
+        yield 0
+        return
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no checkpointable decoder layer (GradientCheckpointingLayer)")
+    off = [m for m in layers if not m.gradient_checkpointing]
+    saved = [(m, m.__dict__.get("_gradient_checkpointing_func")) for m in off]
+    fn = functools.partial(checkpoint, use_reentrant=False)
+    for m in off:
+        m._gradient_checkpointing_func = fn
+        m.gradient_checkpointing = True
+    try:
+        yield len(off)
+    finally:
+        for m, f in saved:
+            m.gradient_checkpointing = False
+            if f is None:
+                m.__dict__.pop("_gradient_checkpointing_func", None)
+            else:
+                m._gradient_checkpointing_func = f
 
 
 def prefix_len(s: TrainSequence) -> int:

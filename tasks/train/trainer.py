@@ -54,7 +54,7 @@ from tasks.config import RunConfig
 from tasks.hashing import seed_from
 from tasks.train.advantages import control_rewards
 from tasks.train.batches import GroupPlan, plan_groups
-from tasks.train.forward import micro_batches, pad_batch, prefix_len, sequence_logprobs
+from tasks.train.forward import layer_checkpointing, micro_batches, pad_batch, prefix_len, sequence_logprobs
 from tasks.train.sequences import TrainSequence
 
 
@@ -204,6 +204,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.params, lr=tc.lr, weight_decay=tc.weight_decay)
         self.ac = lambda: autocast(self.device, cfg.policy.autocast_dtype)  # noqa: E731
         self.version = 0
+        self.checkpointed_forwards = 0  # training forwards the automatic choice checkpointed (_auto_checkpoint)
         self.level = {"grpo": "token", "gspo": "sequence", "gspo_token": "sequence_token"}[tc.algorithm]
         self.ddp: Any = None
         self.fsdp: Any = None
@@ -244,6 +245,15 @@ class Trainer:
         if not repeats or empty:
             return {}
         return {"prefix_lens": [len(f) for f in firsts], "pad_id": self.pad_id}
+
+    def _auto_checkpoint(self, ids: Any, kw: dict[str, Any]) -> bool:
+        """Whether a training forward of the padded ``ids`` ``[B, L]`` runs with its decoder layers
+        checkpointed by the automatic choice: ``train.checkpoint_tokens`` > 0, the forward does not
+        take the shared-prompt path (``kw`` empty: checkpointing cannot recompute the shared
+        prompt's key/value cache), ``B x L`` exceeds it, not under FSDP, and
+        ``gradient_checkpointing`` does not already checkpoint every forward."""
+        n = self.tc.checkpoint_tokens
+        return bool(n) and not kw and not self.tc.gradient_checkpointing and self.fsdp is None and ids.numel() > n
 
     def _micro_batches(self, seqs: list[TrainSequence]) -> list[list[int]]:
         """:func:`micro_batches` under the config's count and token budget."""
@@ -498,7 +508,11 @@ class Trainer:
             # DDP all-reduces at the backward of this rank's last micro-batch only
             sync = self.ddp is None or n_mb == len(mbs) - 1
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                logp, ent = self._forward(ids, attn, mask, seqs[mb[0]].sampling_key, True, self._prefix_kw(seqs, mb))
+                kw = self._prefix_kw(seqs, mb)
+                with layer_checkpointing(self.model, self._auto_checkpoint(ids, kw)) as n_on:
+                    self.checkpointed_forwards += bool(n_on)
+                    logp, ent = self._forward(ids, attn, mask, seqs[mb[0]].sampling_key, True, kw)
+                # (the backward below recomputes the checkpointed layers from what the forward saved)
                 if defer:  # this forward is the old policy's (Batch.deferred): its values, detached
                     old_lp = logp.detach()
                     ref_lp = old_lp if b.ref_deferred else ref_lp

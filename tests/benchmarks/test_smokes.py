@@ -172,6 +172,8 @@ def test_train_memory(tmp_path):
     # the same step whichever path: the gradient norm agrees to float rounding
     assert new["grad_norm"] == pytest.approx(old["grad_norm"], rel=1e-4) and old["grad_norm"] > 0
     assert all(c["peak_rss_mb"] > 100 and c["step_s"] > 0 for c in (old, new))
+    # new: each 34-token micro-batch (one sequence, no prompt to share) over the 32-token threshold
+    assert new["auto_checkpointed_forwards"] == 4 and old["auto_checkpointed_forwards"] == 0
     assert row["new_max_peak_rss_mb"] == new["peak_rss_mb"] and row["goal_met"] == {"new": None}  # smoke: no verdict
 
 

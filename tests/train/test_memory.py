@@ -1,13 +1,14 @@
 """Training memory bounded by design (issue 53, part 3): log-probs and entropies computed in chunks
 of policy tokens equal the unchunked ones (values and LoRA gradients), no ``[N, V]`` tensor is kept
 for the backward pass, and micro-batches are sized by a padded-token budget without changing the
-update."""
+update; long micro-batches without a shared prompt run with their decoder layers checkpointed,
+automatically, with the same values and gradients."""
 
 import pytest
 import torch
 
 from tasks.config import RunConfig
-from tasks.train.forward import micro_batches, pad_batch, prefix_len, sequence_logprobs
+from tasks.train.forward import layer_checkpointing, micro_batches, pad_batch, prefix_len, sequence_logprobs
 from tasks.train.logprobs import chunked_logprobs, entropy_from_logits, token_logprobs
 from tasks.train.loops import train
 from tasks.train.sequences import TrainSequence
@@ -185,6 +186,112 @@ def test_the_gradient_does_not_depend_on_the_token_budget(tiny_model_dir, tmp_pa
         assert torch.allclose(x, y, atol=1e-7, rtol=1e-4), (x - y).abs().max()
 
 
+# ---- automatic activation checkpointing ----------------------------------------------------------
+
+def _saved_and_recomputed(tr, ids, attn, mask, key, checkpointed, chunk=7):
+    """One forward + backward of ``sequence_logprobs`` (chunked): layers switched on, elements
+    autograd saved in the forward (outside the chunks' own checkpoint), calls into the layers'
+    MLPs over forward and backward (pre-hooks: a recomputation stops once it has what the
+    backward needs), log-probs, entropies and LoRA gradients."""
+    mlps = [m for n, m in tr.model.named_modules() if n.endswith("mlp")]
+    calls = []
+    hooks = [m.register_forward_pre_hook(lambda *a: calls.append(1)) for m in mlps]
+    saved = []
+    tr.model.zero_grad()
+    try:
+        with layer_checkpointing(tr.model, checkpointed) as n_on:
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+                lp, ent = sequence_logprobs(tr.model, ids, attn, mask, key, tr.ac, with_entropy=True,
+                                            chunk_tokens=chunk)
+        weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2)) * mask
+        (torch.where(torch.isfinite(lp), lp, 0.0) * weights).sum().backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    return n_on, sum(saved), len(calls), len(mlps), lp.detach(), ent, [p.grad.clone() for p in tr.params]
+
+
+@pytest.mark.parametrize("key", [(1.0, 0, 1.0), (0.8, 20, 0.9)])
+def test_layer_checkpointing_recomputes_the_layers_with_the_same_values_and_lora_gradients(trainer, key):
+    tr = trainer  # a peft (LoRA) model; the log-probs chunked
+    seqs = _multi_turn(key=key)
+    ids, attn, mask, _ = pad_batch(seqs, list(range(len(seqs))), tr.pad_id)
+    n0, saved0, calls0, n_layers, lp0, e0, g0 = _saved_and_recomputed(tr, ids, attn, mask, key, False)
+    n1, saved1, calls1, _, lp1, e1, g1 = _saved_and_recomputed(tr, ids, attn, mask, key, True)
+    assert n0 == 0 and n1 == n_layers >= 2
+    assert calls0 == n_layers and calls1 == 2 * n_layers  # each layer run again in the backward pass
+    assert saved1 < saved0 / 3  # the forward kept each layer's input, not its activations
+    assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
+    assert any(g.abs().sum() > 0 for g in g0)
+    for x, y in zip(g0, g1, strict=True):
+        assert torch.allclose(x, y, atol=1e-7, rtol=1e-5), (x - y).abs().max()
+    # the layers are as they were: the next forward saves its activations again
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in tr.model.modules())
+    assert _saved_and_recomputed(tr, ids, attn, mask, key, False)[1] == saved0
+
+
+def test_layer_checkpointing_leaves_an_explicitly_checkpointed_model_checkpointed(tiny_model_dir):
+    tr = Trainer(_fp32(_cfg(tiny_model_dir, gradient_checkpointing=True, share_prompt=False)), tiny_model_dir,
+                 log=_quiet)
+    with layer_checkpointing(tr.model) as n_on:
+        assert n_on == 0
+    layers = [m for m in tr.model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    assert layers and all(m.gradient_checkpointing for m in layers)
+    with pytest.raises(ValueError, match="no checkpointable decoder layer"):
+        with layer_checkpointing(torch.nn.Linear(2, 2)):
+            pass
+
+
+def test_the_automatic_choice_checkpoints_long_unshared_forwards_only(trainer):
+    tr = trainer
+    seqs = _multi_turn(n_prompts=2, samples=3)  # each prompt repeated 3 times
+    group, single = [0, 1, 2], [0]
+    shared = tr._prefix_kw(seqs, group)
+    assert shared and tr._prefix_kw(seqs, single) == {}
+    ids_g, ids_1 = pad_batch(seqs, group, tr.pad_id)[0], pad_batch(seqs, single, tr.pad_id)[0]
+    n = tr.tc.checkpoint_tokens
+    assert n == 512
+    assert not tr._auto_checkpoint(ids_1, {})  # short: under the default threshold
+    small = tr.tc.model_copy(update={"checkpoint_above_tokens": ids_1.numel() - 1})
+    tr.tc, saved_tc = small, tr.tc
+    try:
+        assert tr._auto_checkpoint(ids_1, {})  # one token over the threshold
+        assert not tr._auto_checkpoint(ids_g, shared)  # a shared-prompt forward never
+        assert tr._auto_checkpoint(ids_g, {})
+        tr.tc = small.model_copy(update={"checkpoint_above_tokens": ids_1.numel()})
+        assert not tr._auto_checkpoint(ids_1, {})  # at the threshold: not above it
+        tr.tc = small.model_copy(update={"checkpoint_above_tokens": 0})
+        assert not tr._auto_checkpoint(ids_g, {})  # 0: never
+    finally:
+        tr.tc = saved_tc
+
+
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_automatic_checkpointing_leaves_the_update_unchanged(tiny_model_dir, share_prompt):
+    """A training step with every long unshared micro-batch checkpointed against the same step
+    with none: the same loss, gradient norm and LoRA gradients; with ``share_prompt`` the groups'
+    micro-batches share their prompt and are not checkpointed, a lone sequence is."""
+    seqs = _multi_turn(n_prompts=2, samples=3) + _multi_turn(n_prompts=1, samples=1, seed=9)
+    kw = dict(algorithm="gspo", agg="seq_mean_token_mean", micro_batch_size=3, logprob_chunk_tokens=16,
+              share_prompt=share_prompt, kl={"estimator": "k2", "placement": "loss", "beta": 0.2})
+    out = []
+    for above in (0, 8):
+        tr = Trainer(_fp32(_cfg(tiny_model_dir, checkpoint_above_tokens=above, **kw)), tiny_model_dir, log=_quiet)
+        b = tr.new_batch(seqs)
+        for _ in range(2):  # the second step off-policy: ratios, clipping and the KL term all act
+            row, _ = tr.step(b, list(range(len(seqs))))
+        mbs = tr._micro_batches(seqs)
+        out.append((row, [p.grad.clone() for p in tr.params], tr.checkpointed_forwards, len(mbs)))
+    (ra, ga, ca, n_mb), (rb, gb, cb, _) = out
+    assert ca == 0
+    # per step: every micro-batch (share_prompt off), or only the lone sequence's (on)
+    assert cb == 2 * (n_mb if not share_prompt else 1)
+    assert ra["grad_norm"] > 0 and ra["loss"] == pytest.approx(rb["loss"], rel=1e-6, abs=1e-8)
+    assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-6)
+    for x, y in zip(ga, gb, strict=True):
+        assert torch.allclose(x, y, atol=1e-8, rtol=1e-5), (x - y).abs().max()
+
+
 # ---- config ------------------------------------------------------------------------------------------
 
 def _run(train_section):
@@ -195,12 +302,21 @@ def _run(train_section):
 def test_config_defaults_bound_memory_and_unset_options_keep_the_hash():
     plain = _run({"micro_batch_size": 16})
     assert plain.train.micro_tokens == 1536 and plain.train.chunk_tokens == 256
+    assert plain.train.checkpoint_tokens == 512
     dump = plain.model_dump(mode="json")["train"]
-    assert "micro_batch_tokens" not in dump and "logprob_chunk_tokens" not in dump  # old hashes stay
+    assert not {"micro_batch_tokens", "logprob_chunk_tokens", "checkpoint_above_tokens"} & set(dump)  # old hashes
     set_ = _run({"micro_batch_size": 16, "micro_batch_tokens": 2048, "logprob_chunk_tokens": 0})
     assert set_.train.micro_tokens == 2048 and set_.train.chunk_tokens == 0
+    never = _run({"micro_batch_size": 16, "checkpoint_above_tokens": 0})
+    assert never.train.checkpoint_tokens == 0 and never.config_hash() != plain.config_hash()
+    # the automatic choice never checkpoints a shared-prompt forward: it combines with share_prompt,
+    # where the explicit option still refuses
+    assert _run({"share_prompt": True, "checkpoint_above_tokens": 64}).train.checkpoint_tokens == 64
+    with pytest.raises(ValueError, match="gradient_checkpointing cannot be combined with train.share_prompt"):
+        _run({"share_prompt": True, "gradient_checkpointing": True})
     assert set_.config_hash() != plain.config_hash()
     for bad, msg in (({"micro_batch_tokens": 0}, "micro_batch_tokens"), ({"logprob_chunk_tokens": -1},
-                                                                          "logprob_chunk_tokens")):
+                                                                          "logprob_chunk_tokens"),
+                     ({"checkpoint_above_tokens": -1}, "checkpoint_above_tokens")):
         with pytest.raises(ValueError, match=msg):
             _run(bad)
