@@ -5,7 +5,8 @@ reader of a clone can follow every reference (the code once cited a ``METHODS.md
 contain).
 
 A docs page that ``scripts/gen_docs.py`` generates on every build (``docs/findings.md``) counts as
-present. Not checked: the Terminal-Bench task data (``tasks/records/suites/terminal/``), whose paths
+present. Not checked: the Terminal-Bench task data (``tasks/records/suites/terminal/``, and the
+shipped test tasks under ``tests/records/fixtures/``), whose paths
 name files inside a task's sandbox (``docs/keep.md`` there is a file the task creates); the
 ``tests/...`` paths of :data:`TASK_FOLDER_FILES`, which name files of a Terminal-Bench task folder
 (``tests/test_outputs.py``), not of this repository; and :data:`SANDBOX_NAMES`, file names an
@@ -27,7 +28,7 @@ import gen_docs  # noqa: E402
 GENERATED = {f"docs/{page}" for page in gen_docs.PAGES}
 SUFFIXES = (".py", ".md", ".yaml", ".yml")
 # the task data, and this file (its examples cite missing files on purpose)
-EXCLUDED = ("tasks/records/suites/terminal/", "tests/test_repo_references.py")
+EXCLUDED = ("tasks/records/suites/terminal/", "tests/records/fixtures/", "tests/test_repo_references.py")
 # the skill file a harness may write into the episode's work dir (harness spec ``skill_path``)
 SANDBOX_NAMES = {"SKILL.md"}
 # files that describe Terminal-Bench task folders: their tests/... paths are inside a task folder
@@ -92,3 +93,35 @@ def test_a_generated_docs_page_counts_as_present():
     assert GENERATED == {"docs/reference/commands.md", "docs/reference/configuration.md",
                          "docs/reference/harness-spec.md", "docs/benchmarks.md", "docs/findings.md"}
     assert missing_references(["README.md"], read=lambda f: "the findings page (docs/findings.md)") == []
+
+
+# a host's own folders: a clone elsewhere has none of them (``/root/`` is left out: the compose
+# file names the container's home, not a host's)
+MACHINE_PATH = re.compile(r"(?<![\w.~$-])/(?:work|home|Users)/[\w.-]+")
+
+
+def machine_paths(files: list[str], read=lambda f: (ROOT / f).read_bytes()) -> list[str]:
+    """``"<file>:<line>: <path>"`` for each absolute path of one machine's folders in a tracked
+    text file (binary files, those with a NUL byte, are skipped)."""
+    out = []
+    for f in files:
+        if f == "tests/test_repo_references.py":
+            continue
+        data = read(f)
+        if b"\0" in data:
+            continue
+        for n, line in enumerate(data.decode(errors="replace").splitlines(), 1):
+            out += [f"{f}:{n}: {m.group(0)}" for m in MACHINE_PATH.finditer(line)]
+    return out
+
+
+def test_no_tracked_file_names_a_folder_of_one_machine():
+    """Both README commands work in a clone that stands alone: no test, config or doc reaches for
+    a path that exists on one machine only."""
+    assert machine_paths(tracked()) == []
+
+
+def test_a_machine_path_is_found():
+    files = {"a.py": b'DIR = "/work/shared/data"\n', "b.md": b"see ~/work/x and /root/.cache and ./home/y\n",
+             "c.png": b"\0/home/u/x"}
+    assert machine_paths(list(files), read=files.__getitem__) == ["a.py:1: /work/shared"]

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from tasks.records.suites.terminal_bench import parse_python  # ast.parse under the suite's lock (see _imports)
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_TB = REPO.parent / "shared" / "data" / "terminal-bench"
+TB_FIXTURES = REPO / "tests" / "records" / "fixtures" / "terminal-bench"  # shipped: see its MANIFEST.tsv
 
 # Python run by every planted hook: if it ever executes in the grading process, failed checks pass
 # (pytest reports read as passed; HumanEval's ``check`` replaced by a no-op) and it leaves a mark.
@@ -172,7 +172,7 @@ class Kind:
 def _tb(folder: str, reward: str = "fraction") -> Any:
     from tasks.records.suites.terminal_bench import BUILTIN_DIR, task_from_folder
 
-    path = BUILTIN_DIR / folder if (BUILTIN_DIR / folder).is_dir() else SHARED_TB / folder
+    path = BUILTIN_DIR / folder if (BUILTIN_DIR / folder).is_dir() else TB_FIXTURES / folder
     return task_from_folder(path, "battery", reward=reward)
 
 

@@ -20,7 +20,10 @@ from tasks.records.suites.terminal_bench import (
 from tasks.records.verifiers import VerifierError, grade
 from tests.records.tb_helpers import Ctx, new_sandbox, require_sandbox
 
-SHARED = Path(os.environ.get("HARNESSRL_TB_DIR", "/work/shared/data/terminal-bench"))
+# Terminal-Bench tasks from outside the builtin suite: two ship with the tests (a tb1 task and an
+# Exercism one; provenance and licences in its MANIFEST.tsv); HARNESSRL_TB_DIR points at a larger folder
+TB_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "terminal-bench"
+SHARED = Path(os.environ.get("HARNESSRL_TB_DIR", str(TB_FIXTURES)))
 TB2_BUILTIN = {"checksum-manifest", "join-csv", "jsonl-errors", "split-log-by-date", "users-json-transform"}
 
 
@@ -78,12 +81,12 @@ def test_load_is_deterministic():
 
 def test_shared_tasks_load():
     if not SHARED.is_dir():
-        pytest.skip(f"shared Terminal-Bench folder {SHARED} not present (set HARNESSRL_TB_DIR)")
+        pytest.skip(f"Terminal-Bench folder {SHARED} (HARNESSRL_TB_DIR) not present")
     tasks = _shared()
     assert [t.task_id.split("/")[1] for t in tasks] == sorted(p.name for p in SHARED.iterdir() if p.is_dir())
-    assert len(tasks) == 10 and {t.metadata["format"] for t in tasks} == {"tb1"}
+    assert {t.metadata["format"] for t in tasks} == {"tb1"}
     poly = [t for t in tasks if "polyglot" in t.task_id]
-    assert len(poly) == 5
+    assert len(poly) >= 1
     for t in poly:  # Exercism tests go next to the module; the encrypted oracle stays hidden
         (run,) = t.verifier_spec["run"]
         assert run["at"] == run["src"] and run["src"].endswith("_test.py")
