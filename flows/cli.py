@@ -405,8 +405,11 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
         if findings_file is not None:
             from flows.findings import check_published
 
-            n = check_published(ArtifactStore(run_dir), findings_file, run_dir.resolve().name.rsplit("-", 1)[-1])
-            typer.echo(f"{findings_file}: {n} row(s) of this run recomputed and equal")
+            got = check_published(ArtifactStore(run_dir), findings_file, run_dir.resolve().name.rsplit("-", 1)[-1],
+                                  plan_hash=rep.plan_hash, fingerprint=rep.fingerprint)
+            typer.echo(f"{findings_file}: {got.compared} row(s) of this run recomputed and equal"
+                       + (f"; {got.other_runs} row(s) of the same config from another run (another sealed plan or "
+                          "signing key) not compared" if got.other_runs else ""))
     except NotARunError as e:
         typer.secho(f"NOT A RUN: {e}", fg="red", err=True)
         raise typer.Exit(2)

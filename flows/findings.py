@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from flows.status import STATE_DIR
 from schemas import ArtifactStore
@@ -56,7 +56,8 @@ def finding_rows(store: ArtifactStore, *, config: str, config_hash: str, commit:
     ``ci_high``, ``level`` (the interval's confidence), ``n`` (tasks), ``verdict``, ``reason``,
     ``control`` (the random-reward control's estimate, None where the finding names no control),
     ``config`` (the config file), ``config_hash``, ``commit``, ``key_fingerprint`` (the sealed
-    evaluation's Ed25519 signing key), ``wall_s`` (:func:`run_wall_s`) and the infra-error
+    evaluation's Ed25519 signing key), ``plan_hash`` (its sealed plan: which run of the config the
+    row is), ``wall_s`` (:func:`run_wall_s`) and the infra-error
     fields of :func:`tasks.analysis.infra.row_fields` (``infra_errors`` and ``infra_planned`` per
     stage, ``infra_total``, ``infra_threshold``).
 
@@ -83,17 +84,31 @@ def finding_rows(store: ArtifactStore, *, config: str, config_hash: str, commit:
                      "estimate": f["estimate"], "ci_low": f["ci_low"], "ci_high": f["ci_high"], "level": f["level"],
                      "n": f["n"], "verdict": f["verdict"], "reason": f["reason"], "control": f["control_estimate"],
                      "config": config, "config_hash": config_hash, "commit": commit,
-                     "key_fingerprint": rep.fingerprint, "wall_s": wall, **infra})
+                     "key_fingerprint": rep.fingerprint, "plan_hash": rep.plan_hash, "wall_s": wall, **infra})
     return rows
 
 
-def check_published(store: ArtifactStore, findings_file: Path, config_hash: str) -> int:
-    """Compare every row of ``findings_file`` whose ``config_hash`` starts with ``config_hash`` (a
-    run folder's name ends in the first 10 characters of it) with the run's recomputed
-    ``eval_findings`` (call after :func:`~tasks.evaluate.verify.verify_run`); returns how many
-    rows matched. A row that carries infra-error fields (:data:`INFRA_FIELDS`; rows published
-    before they existed do not) is also compared with the counts recomputed from the run's
-    artifacts (:func:`tasks.analysis.infra.infra_counts`).
+class Published(NamedTuple):
+    """What :func:`check_published` found: ``compared``, the rows of this run recomputed and equal;
+    ``other_runs``, the rows of the same config published from another run (another sealed plan,
+    or, for rows older than ``plan_hash``, another signing key), which this run cannot check."""
+
+    compared: int
+    other_runs: int
+
+
+def check_published(store: ArtifactStore, findings_file: Path, config_hash: str, *, plan_hash: str | None = None,
+                    fingerprint: str | None = None) -> Published:
+    """Compare every row of ``findings_file`` of this run with the run's recomputed
+    ``eval_findings`` (call after :func:`~tasks.evaluate.verify.verify_run`, passing its report's
+    ``plan_hash`` and ``fingerprint``). A row is this run's when its ``config_hash`` starts with
+    ``config_hash`` (a run folder's name ends in the first 10 characters of it) and, with
+    ``plan_hash`` given, its own ``plan_hash`` is that one (a row without one, published before
+    rows carried it: its ``key_fingerprint`` is ``fingerprint``). The same config run again (on
+    another machine, say) has the same folder name but another sealed plan: its rows are counted in
+    ``other_runs``, not compared. A row that carries infra-error fields (:data:`INFRA_FIELDS`; rows
+    published before they existed do not) is also compared with the counts recomputed from the
+    run's artifacts (:func:`tasks.analysis.infra.infra_counts`).
 
     Raises:
         SealError: a row's number differs from the run's (naming the row, the field and both
@@ -102,12 +117,16 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str)
     ours = {f["name"]: f for f in store.rows(("evaluate", "eval_findings"))} \
         if store.exists("evaluate/eval_findings.parquet") else {}
     infra: dict[str, Any] | None = None
-    n = 0
+    n = other = 0
     for i, line in enumerate(findings_file.read_text().splitlines(), start=1):
         if not line.strip():
             continue
         row = json.loads(line)
         if not str(row.get("config_hash", "")).startswith(config_hash):
+            continue
+        if plan_hash is not None and (row["plan_hash"] != plan_hash if "plan_hash" in row else
+                                      fingerprint is not None and row.get("key_fingerprint") != fingerprint):
+            other += 1
             continue
         f = ours.get(row.get("name"))
         if f is None:
@@ -126,7 +145,7 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str)
             if row.get(k) != want[k]:
                 raise SealError(f"{findings_file}:{i}: {k}={row.get(k)!r}, recomputed {want[k]!r}")
         n += 1
-    return n
+    return Published(n, other)
 
 
 def copy_figures(run_dir: Path, out_dir: Path, prefix: str) -> list[Path]:

@@ -125,7 +125,7 @@ def test_published_rows_copy_the_verified_findings_and_verify_catches_an_edited_
     rows = finding_rows(store, config="configs/p4-findings.yaml", config_hash="ab" * 32, commit="c0ffee")
     assert [r["name"] for r in rows] == ["harness-moves-more", "gain-direct"]
     need = {"paper", "headline", "measure", "estimate", "ci_low", "ci_high", "n", "verdict", "control", "config",
-            "config_hash", "commit", "key_fingerprint", "wall_s"}
+            "config_hash", "commit", "key_fingerprint", "plan_hash", "wall_s"}
     assert need <= set(rows[0]) and rows[0]["key_fingerprint"] and rows[1]["control"] is not None
     # no infra error in this run; its folder has a rollout (1 episode) and an evaluation, no train_steps
     assert rows[0]["infra_errors"] == {"rollout": 0, "evaluate": 0} and rows[0]["infra_total"] == 0
@@ -134,11 +134,23 @@ def test_published_rows_copy_the_verified_findings_and_verify_catches_an_edited_
     old = {k: v for k, v in rows[0].items() if not k.startswith("infra_")}  # a row published before the infra fields
     f.write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({**rows[0], "config_hash": "ff"}) + "\n"
                  + json.dumps(old) + "\n")
-    assert check_published(store, f, "abab") == 3  # the other run's row is not this run's business
+    assert check_published(store, f, "abab") == (3, 0)  # the other config's row is not this run's business
+    # the same config run again elsewhere (same folder name): its rows name another plan, or, older
+    # than plan_hash, another signing key; they are counted, not compared
+    plan, key = rows[0]["plan_hash"], rows[0]["key_fingerprint"]
+    assert len(plan) == 64
+    other_plan = {**rows[1], "plan_hash": "0" * 64, "estimate": 0.99}
+    other_key = {k: v for k, v in {**rows[1], "key_fingerprint": "SHA256:other", "estimate": 0.99}.items()
+                 if k != "plan_hash"}
+    same_key = {k: v for k, v in rows[1].items() if k != "plan_hash"}
+    f.write_text("".join(json.dumps(r) + "\n" for r in [*rows, other_plan, other_key, same_key]))
+    assert check_published(store, f, "abab", plan_hash=plan, fingerprint=key) == (3, 2)
+    with pytest.raises(SealError, match=r"findings.jsonl:3: estimate="):  # without the plan: every row compared
+        check_published(store, f, "abab")
     rows[1]["ci_low"] = rows[1]["ci_low"] + 0.01
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(SealError, match=r"findings.jsonl:2: ci_low="):
-        check_published(store, f, "abab")
+        check_published(store, f, "abab", plan_hash=plan, fingerprint=key)
 
 
 def test_predictor_gap_by_hand():
@@ -349,7 +361,7 @@ def test_a_run_with_infra_errors_above_the_threshold_is_not_published(tmp_path):
 
     f = tmp_path / "published.jsonl"
     f.write_text("".join(json.dumps(x) + "\n" for x in rows))
-    assert check_published(store2, f, "cdcd") == 2
+    assert check_published(store2, f, "cdcd") == (2, 0)
     rows[1]["infra_errors"] = {"rollout": 0, "evaluate": lost2 - 1}
     f.write_text("".join(json.dumps(x) + "\n" for x in rows))
     with pytest.raises(SealError, match=r"published.jsonl:2: infra_errors="):
