@@ -1,5 +1,5 @@
-"""The package's import graph, every import that runs counted (module level and inside functions;
-not those under ``if TYPE_CHECKING:``, which never run), built by grimp: no cycles, the cores never import an application, no import runs back up the layers, and a
+"""The package's import graph, every import counted (module level and inside functions), built by
+grimp: no cycles, the cores never import an application, no import runs back up the layers, and a
 stage's module (``tasks/<stage>/stage.py``) is a door that only the flows, the benchmarks and the
 tests open.
 
@@ -50,7 +50,7 @@ STAGE_OPENERS = ("flows", "benchmarks", "tests")
 
 
 def _build(*packages: str) -> nx.DiGraph:
-    g = grimp.build_graph(*packages, exclude_type_checking_imports=True, cache_dir=None)
+    g = grimp.build_graph(*packages, cache_dir=None)
     out = nx.DiGraph()
     for m in g.modules:
         out.add_node(m)

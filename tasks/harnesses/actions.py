@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasks.harnesses.tools import IMPLS
 
-if TYPE_CHECKING:  # annotations only: spec's demonstration check imports this module
-    from tasks.harnesses.spec import HarnessSpec, ToolSpec
+# The spec and tool types are named, not imported: tasks.harnesses.spec's demonstration check
+# parses replies with this module, so importing the spec here (even for annotations) is a cycle.
+HarnessSpec = Any  # a tasks.harnesses.spec.HarnessSpec
+ToolSpec = Any  # a tasks.harnesses.spec.ToolSpec
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:\n```|\Z)", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
