@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config.base import _LaterOptions, _Strict
+from tasks.config.base import LaterOptions, _Strict
 from tasks.registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, OneOf
 
 #: policy tokens per chunk of the output projection when ``train.logprob_chunk_tokens`` is unset
@@ -74,7 +74,7 @@ class DistributedConfig(_Strict):
         return self
 
 
-class TrainConfig(_LaterOptions):
+class TrainConfig(LaterOptions):
     """GRPO / GSPO / GSPO-token on a LoRA adapter. See ``tasks/train/losses.py`` for the objectives
     and ``tasks/train/trainer.py`` for the loop.
 
