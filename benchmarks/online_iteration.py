@@ -109,7 +109,15 @@ def run_arm(model: str, name: str, iters: int, prompts: int, group: int, root: P
             # the sequences a step without a KL term skips (zero advantage: no gradient); with a KL
             # term each of them carries the KL gradient, so it trains on all
             "zero_adv_frac": round(statistics.mean(s["zero_adv_frac"] for s in steps[1:] or steps), 3),
-            "train_tokens_per_step": round(statistics.mean(s["tokens"] for s in steps[1:] or steps), 1)}
+            "train_tokens_per_step": round(statistics.mean(s["tokens"] for s in steps[1:] or steps), 1),
+            # |trainer's old log-prob - the sampler's| per sampled token: how far the engine's policy is
+            # from the one being trained (NaN where a step's old log-probs are not the sampler's version)
+            "logp_mismatch_mean": _finite_mean(s["logp_mismatch_mean"] for s in steps)}
+
+
+def _finite_mean(xs) -> float | None:
+    xs = [float(x) for x in xs if x == x]
+    return round(statistics.mean(xs), 5) if xs else None
 
 
 def _sync_bytes(phases: list) -> int | None:

@@ -32,8 +32,8 @@ class VLLMEngineConfig(_Strict):
     ``merged`` (the adapter merged into a copy of the weights, in fp32, then cast to
     ``rollout_dtype``; no LoRA kernels at all), ``delta`` (the base weights in ``rollout_dtype``,
     the adapter's factors beside them in float32, applied by the worker's own layer hooks,
-    :mod:`tasks.rollout.engines.lora_delta`: a bf16 base without rounding the update away; online
-    training then syncs only the factors), ``auto``: on the CPU ``merged`` in float32 and
+    :mod:`tasks.rollout.engines.lora_delta`: the update added to each layer's bf16 output, as peft
+    does in the trainer under bf16 autocast; online training then syncs only the factors), ``auto``: on the CPU ``merged`` in float32 and
     ``delta`` in bf16 (vLLM's own LoRA layers run there as PyTorch fallback ops:
     ``benchmarks/engines.py --lora 32`` measured 11 completion tokens/s with them against 114
     merged and 112 for the base model; ``benchmarks/engines.py`` compares the other modes), on

@@ -225,12 +225,12 @@ def test_a_broken_adapter_load_stops_the_run_at_the_first_sync_in_bf16(tiny_mode
     with pytest.raises(SyncError) as e:
         _run(cfg, tiny_model_dir, engine, tmp_path / "a", adapter_only=True)
     m = re.fullmatch(r"weight sync canary: under the probe adapter \(moving the trainer's probe by (\S+) nats on "
-                     r"average\) the engine's log-probs differ from the trainer's by up to (\S+) nats \(> "
-                     r"train\.sync_tolerance=0\.02\); the engine does not apply the adapter it is sent \(missing "
+                     r"average\) the engine's log-probs differ from the trainer's by (\S+) nats on average \(> 0\.5 x "
+                     r"train\.sync_tolerance=0\.01\); the engine does not apply the adapter it is sent \(missing "
                      r"layers, another scale, or not at all\)", str(e.value))
     assert m is not None, str(e.value)
     moved, apart = float(m[1]), float(m[2])
-    assert moved >= 4 * 0.02 and apart > 0.02
+    assert moved >= 4 * 0.02 and apart > 0.01
     assert not (tmp_path / "a").exists()  # stopped before any adapter was saved
 
 

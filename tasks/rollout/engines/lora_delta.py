@@ -1,11 +1,14 @@
 """A LoRA adapter applied beside a model's linear layers, unmerged, in float32: ``y = W x + s B A x``.
 
-Used by the vLLM worker (``policy.vllm.lora: delta``) to serve the base weights in bf16 while the
-adapter's update stays exact: merged into bf16 weights, a few steps' update is mostly rounded away
-(``tasks.rollout.engines.hf`` measured 94% of the changed weights rounding back to the base
-value), but as a separate low-rank path in float32 it reaches every output. Syncing a new policy
-copies only the adapter's factors into the buffers the hooks read (in place: no new tensors, so
-nothing that captured them goes stale).
+Used by the vLLM worker (``policy.vllm.lora: delta``) to serve the base weights in bf16 with the
+adapter beside them: the update ``s B A x`` is computed from float32 factors and added, rounded
+once to bf16, to each adapted layer's bf16 output -- what peft computes in the trainer under bf16
+autocast, so the engine and the trainer agree. (Merged into bf16 weights instead, the update is
+kept on average but each weight's share is either lost or a whole bf16 step: noisier, and not
+what the trainer computes; an output change under half a bf16 step of the output is rounded away
+either way, ``tests/rollout/test_lora_delta.py`` measures both.) Syncing a new policy copies only
+the adapter's factors into the buffers the hooks read (in place: no new tensors, so nothing that
+captured them goes stale).
 
 Torch and the standard library only: it is imported by the worker in vLLM's venv (started by file
 path, so this module sits beside it) and by the tests in the main venv, where a plain transformers
