@@ -33,11 +33,11 @@ class VLLMEngineConfig(_Strict):
     ``rollout_dtype``; no LoRA kernels at all), ``delta`` (the base weights in ``rollout_dtype``,
     the adapter's factors beside them in float32, applied by the worker's own layer hooks,
     :mod:`tasks.rollout.engines.lora_delta`: the update added to each layer's bf16 output, as peft
-    does in the trainer under bf16 autocast; online training then syncs only the factors), ``auto``: on the CPU ``merged`` in float32 and
-    ``delta`` in bf16 (vLLM's own LoRA layers run there as PyTorch fallback ops:
-    ``benchmarks/engines.py --lora 32`` measured 11 completion tokens/s with them against 114
-    merged and 112 for the base model; ``benchmarks/engines.py`` compares the other modes), on
-    CUDA ``adapter``, where merging a large model on the host would cost more than the kernels.
+    does in the trainer under bf16 autocast; online training then syncs only the factors), ``auto``: on the CPU ``merged`` (vLLM's own LoRA layers
+    run there as PyTorch fallback ops: ``benchmarks/engines.py --lora 32`` measured 11 completion
+    tokens/s with them against 114 merged and 112 for the base model; ``delta`` is opt-in:
+    ``benchmarks/online_iteration.py`` compares it), on CUDA ``adapter``, where merging a large
+    model on the host would cost more than the kernels.
     """
 
     venv: str = ".venv-vllm"
@@ -49,14 +49,12 @@ class VLLMEngineConfig(_Strict):
     start_timeout_s: float = Field(default=300.0, gt=0)
     request_timeout_s: float = Field(default=1800.0, gt=0)
 
-    def lora_mode(self, device: str, dtype: str) -> str:
-        """How an adapter is applied on ``device`` (``cpu`` / ``cuda``) with weights in ``dtype``
-        (``policy.rollout_dtype``): ``lora``, with ``auto`` resolved (see the class docstring)."""
+    def lora_mode(self, device: str) -> str:
+        """How an adapter is applied on ``device`` (``cpu`` / ``cuda``): ``lora``, with ``auto``
+        resolved (see the class docstring)."""
         if self.lora != "auto":
             return self.lora
-        if device != "cpu":
-            return "adapter"
-        return "merged" if dtype == "float32" else "delta"
+        return "merged" if device == "cpu" else "adapter"
 
 
 class OpenAIEngineConfig(_Strict):

@@ -260,7 +260,7 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
             return batch(policy, iteration, version)
 
         sampler = EngineSampler(engine, on_engine, dtype=cfg.policy.rollout_dtype, tolerance=sync_tolerance(cfg),
-                                adapter_only=cfg.policy.vllm.lora_mode(cfg.policy.device, cfg.policy.rollout_dtype) == "delta", log=log.info)
+                                adapter_only=cfg.policy.vllm.lora_mode(cfg.policy.device) == "delta", log=log.info)
 
         def release() -> None:
             try:

@@ -228,7 +228,7 @@ print("RESULT " + json.dumps({"steps": steps, "generate": plain, "seen": seen}))
 @pytest.mark.parametrize("lora", ["adapter", "auto", "delta"])
 def test_vllm_lora_adapter_matches_peft_recomputation(tiny_model_dir, tmp_path, lora):
     """vLLM's LoRA layers (``adapter``), the adapter merged into the weights (``auto`` on the CPU
-    in float32 = ``merged``) and the factors applied beside vLLM's fused layers by the worker's
+    = ``merged``) and the factors applied beside vLLM's fused layers by the worker's
     hooks (``delta``: q/k/v inside ``qkv_proj``, gate/up inside ``gate_up_proj``) all give the
     peft model's float32 log-probs; the merged copy is removed on close."""
     require_vllm_venv()

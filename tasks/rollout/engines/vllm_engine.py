@@ -287,7 +287,7 @@ class VLLMPolicy:
         self.base_model_id = base_model_id
         self.policy_id, self.adapter_sha256 = policy_identity(base_model_id, adapter_dir)
         vc = cfg.vllm
-        self.lora_mode = vc.lora_mode(cfg.device, cfg.rollout_dtype) if adapter_dir is not None else None
+        self.lora_mode = vc.lora_mode(cfg.device) if adapter_dir is not None else None
         serve_dir = self.model_dir
         self._merged_dir: str | None = None
         self.delta_loaded = False  # a LoRA delta is served (load_adapter ran)
