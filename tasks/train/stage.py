@@ -198,7 +198,8 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
 
     - an engine that syncs in place (registry ``online: in_place``,
       :data:`tasks.config.engines.ENGINES`: ``vllm``): one engine started on the base model for
-      the whole run, the trainer's merged weights loaded into it in place after each batch
+      the whole run, the trainer's merged weights (or, with ``policy.vllm.lora: delta``, only the
+      adapter's factors) loaded into it in place after each batch
       (:class:`tasks.train.online.EngineSampler`, with the sync canary), generation on a background
       thread so that the sampler can run ahead (``train.max_staleness``); when it can, on the CPU,
       the cores are split between the engine and the trainer until release
@@ -259,7 +260,7 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
             return batch(policy, iteration, version)
 
         sampler = EngineSampler(engine, on_engine, dtype=cfg.policy.rollout_dtype, tolerance=sync_tolerance(cfg),
-                                log=log.info)
+                                adapter_only=cfg.policy.vllm.lora_mode(cfg.policy.device) == "delta", log=log.info)
 
         def release() -> None:
             try:

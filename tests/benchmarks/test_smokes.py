@@ -185,6 +185,18 @@ def test_online_iteration(tmp_path):
     s = arm["s_per_iter"]
     assert s > 0 and 8 / (s + 0.005) - 0.005 <= arm["samples_per_s"] <= 8 / max(s - 0.005, 1e-9) + 0.005
     assert "vllm" in row["skipped"] and "speedup_vllm_over_hf" not in row
+    assert arm["arm"] == "hf" and arm["sync_bytes"] is None  # rebuilt in process: nothing is sent
+    assert 0.0 <= arm["zero_adv_frac"] <= 1.0
+
+
+def test_train_precision(tmp_path):
+    row = run_smoke("train_precision", tmp_path)
+    assert row["sequences"] == 8 and row["completion_tokens"] > 8
+    # bf16 autocast changes the log-probs a little, not nothing (then the bf16 side ran in float32)
+    assert 0.0 < row["logprob_abs_diff_mean"] <= row["logprob_abs_diff_max"] < 0.5
+    assert row["grad_norm_fp32"] > 0 and row["grad_norm_bf16"] > 0
+    # the same step, up to bf16's rounding: the update points the same way
+    assert row["update_cosine"] > 0.9 and 0.5 < row["update_norm_ratio_bf16_over_fp32"] < 2.0
 
 
 def test_task_difficulty(tmp_path):
