@@ -25,9 +25,11 @@ sealed run without harnessrl's code:
   ``working_time`` and ``output.time`` are this request's share, wall / requests), then one
   ``ToolEvent`` per tool call that ran (function, arguments, the text the model was shown as the
   result, an error naming the exec status and exit code when not ``ok``, its own start, end and
-  seconds; :func:`_tool_events`); the sample's ``working_time`` is the sum of its model shares and
-  tool seconds, ``started_at``/``completed_at``/``total_time`` its first call's start to its last
-  call's end; ``output`` = the
+  seconds; :func:`_tool_events`); the sample's ``working_time`` and ``total_time`` (Inspect View's
+  Duration column) are its own share, the sum of its model shares and tool seconds, and
+  ``started_at``/``completed_at`` the window from its first call's start to its last call's end
+  (the episodes of a batch advance in lock-step, so a batch's samples share one window);
+  ``output`` = the
   final answer; ``scores`` ``resolved`` ("C"/"I", Inspect's correct/incorrect) and ``reward``,
   each with an explanation (:func:`explanation`), for a graded attempt (a timeout is a graded
   failure), none and ``error`` set for a final ``infra_error``; ``metadata`` = the sealed row's
@@ -109,8 +111,9 @@ _ERROR_TYPES = {"timeout": "timeout", "output_limit": "limit", "cpu_limit": "lim
 # what the sample's working time and each model event's time are, in each sample's metadata
 TIMING_NOTE = ("model calls: each event spans the engine call that sampled the turn (timestamp to completed), "
                "shared by metadata.batch_requests requests; its time and working_time are this request's share, "
-               "metadata.batch_wall_s / batch_requests. Tool calls: their own wall time. Sample working time: the "
-               "sum of both; total time: first call's start to last call's end")
+               "metadata.batch_wall_s / batch_requests. Tool calls: their own wall time. The sample's working and "
+               "total time: the sum of both, its own share; its window: first call's start to last call's end, "
+               "shared with the episodes batched with it")
 
 
 def _transcript(eval_id: str, system: str, instruction: str, turns: list[dict[str, Any]], model: str,
@@ -173,7 +176,8 @@ def _tool_events(prefix: str, turn: dict[str, Any], timed: list[dict[str, Any]] 
     calls after a submit never ran). ``function`` = the harness's tool name, ``arguments`` = the
     parsed arguments, ``result`` = the call's text as the observation showed it to the model (or,
     when no observation did, the episode having ended, the text the runner kept), ``error`` = a
-    ``ToolCallError`` naming the status and exit code for a status other than ``ok``, ``metadata``
+    ``ToolCallError`` for a status other than ``ok``: ``<status> (exit code <n>)``, a line break
+    and the result (Inspect View shows a failed call's error instead of its result), ``metadata``
     = ``status``, ``exit_code``, ``impl``. ``timed``: the runner's records of the calls (start,
     end, exit code, where the observation shows each); without them the events carry no time, no
     exit code, and the result is the whole observation when one call ran (else empty)."""
@@ -196,8 +200,10 @@ def _tool_events(prefix: str, turn: dict[str, Any], timed: list[dict[str, Any]] 
         else:
             result = observation if len(calls) == 1 else ""
         code = rec.get("exit_code")
-        error = None if st == "ok" else ToolCallError(
-            _ERROR_TYPES.get(st, "unknown"), f"{st}" + ("" if code is None else f" (exit code {code})"))
+        # Inspect View shows a failed call's error in place of its result: the error holds both
+        head = f"{st}" + ("" if code is None else f" (exit code {code})")
+        error = None if st == "ok" else ToolCallError(_ERROR_TYPES.get(st, "unknown"),
+                                                      f"{head}\n{result}" if result else head)
         timing: dict[str, Any] = (dict(timestamp=_utc(rec["start"]), completed=_utc(rec["end"]),
                                        working_start=rec["start"] - t_first, working_time=rec["end"] - rec["start"])
                                   if "start" in rec and t_first is not None
@@ -320,12 +326,13 @@ def _build(sh: _Shared, ck: dict[str, Any], h: str, turn_rows: list[dict[str, An
         usage = _usage(events)
         ends = [e.completed.timestamp() for e in events if e.completed is not None]
         span = (times[0][0], max(ends)) if times and ends else None
+        own = sum(e.working_time or 0.0 for e in events)  # this attempt's share of the batches, its tools' time
         samples.append(EvalSample(
             id=r["task_id"], epoch=r["attempt"] + 1, input=task["instruction"], target=target_of(task),
             messages=messages, events=events, model_usage={model: usage} if usage else {},
             output=_output(model, r),
             **(dict(started_at=_utc(span[0]).isoformat(), completed_at=_utc(span[1]).isoformat(),
-                    total_time=span[1] - span[0], working_time=sum(e.working_time or 0.0 for e in events))
+                    total_time=own, working_time=own)
                if span else {}),
             scores={"resolved": Score(value="C" if r["resolved"] else "I", answer=r["final_answer"] or "",
                                       explanation=explanation(r, task), metadata={"status": r["status"]}),

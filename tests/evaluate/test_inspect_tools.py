@@ -68,6 +68,8 @@ def engine_logs(tmp_path_factory, tiny_model_dir):
 
 
 def test_a_tool_call_is_a_tool_event_with_its_result_status_and_time(engine_logs):
+    from datetime import datetime
+
     from inspect_ai.event import ModelEvent, ToolEvent
     from inspect_ai.log import read_eval_log
 
@@ -84,7 +86,7 @@ def test_a_tool_call_is_a_tool_event_with_its_result_status_and_time(engine_logs
         # the result is the text the model was shown (the observation's own words), the error its
         # exec status and exit code
         assert t0.result == "Output:\n42\n(2 turns left)" == turns[(s.metadata["eval_id"], 0)]["observation"]
-        assert t0.error is not None and t0.error.message == "error (exit code 3)"
+        assert t0.error is not None and t0.error.message == "error (exit code 3)\nOutput:\n42\n(2 turns left)"
         assert t0.metadata["exit_code"] == 3 and t0.metadata["status"] == "error"
         assert t1.error is None and t1.metadata["exit_code"] == 0 and t1.result == "Output:\n43\n(1 turns left)"
         # the tool ran after the engine call that asked for it and before the next one
@@ -97,9 +99,11 @@ def test_a_tool_call_is_a_tool_event_with_its_result_status_and_time(engine_logs
             assert m.metadata["batch_requests"] == batches["react-python"]
             assert m.metadata["batch_wall_s"] == pytest.approx(wall, abs=1e-3)
             assert m.working_time == m.output.time == pytest.approx(m.metadata["batch_wall_s"] / batches["react-python"])
-        assert s.working_time == pytest.approx(sum(e.working_time for e in s.events))
-        assert s.total_time == pytest.approx((m2.completed - m0.timestamp).total_seconds(), abs=1e-3)
-        assert s.working_time < s.total_time  # a share of each batch, not the batch's wall time
+        # the sample's time (Inspect View's Duration) is its own share too; its window is the clock's
+        assert s.working_time == s.total_time == pytest.approx(sum(e.working_time for e in s.events))
+        window = (datetime.fromisoformat(s.completed_at) - datetime.fromisoformat(s.started_at)).total_seconds()
+        assert window == pytest.approx((m2.completed - m0.timestamp).total_seconds(), abs=1e-3)
+        assert s.total_time < window  # a share of each batch, not the batch's wall time
 
 
 def test_the_log_shows_the_texts_the_model_read_as_plain_text(engine_logs):
@@ -119,3 +123,57 @@ def test_the_log_shows_the_texts_the_model_read_as_plain_text(engine_logs):
     assert observation.role == "user" and observation.text == "Output:\n42\n(2 turns left)"  # the role it had
     direct = read_eval_log(f"{store.root}/evaluate/inspect/base.direct.eval")
     assert direct.samples and all(type(e).__name__ == "ModelEvent" for smp in direct.samples for e in smp.events)
+
+
+@pytest.mark.slow
+def test_inspect_view_shows_the_tool_call_and_the_prompt_as_the_model_read_it(engine_logs, tmp_path):
+    """Headless Chromium opens a react-python sample in ``inspect view``: the transcript shows the
+    tool call (its code, its error with the exit code and the output the model read) and the
+    system prompt's code fence as text; the screenshot is kept for a look."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.parse
+    from pathlib import Path
+
+    import httpx
+
+    from tests.facilities import chromium_missing, free_port, require, stop_process_group
+    from tests.flows._browser import driver_for, wait_js
+
+    require("chromium", chromium_missing())
+    store, out, _, _ = engine_logs
+    sample = min(r["task_id"] for r in store.rows(out["evaluations"]) if r["harness_name"] == "react-python")
+    port = free_port()
+    log = open(tmp_path / "view.log", "w")
+    view = subprocess.Popen([str(Path(sys.executable).parent / "inspect"), "view", "start", "--log-dir",
+                             f"{store.root}/evaluate/inspect", "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    driver = None
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/logs", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert view.poll() is None and time.monotonic() < deadline, (tmp_path / "view.log").read_text()[-2000:]
+            time.sleep(0.5)
+        driver = driver_for(tmp_path, 1500)
+        sid = urllib.parse.quote(sample, safe="")
+        driver.get(f"http://127.0.0.1:{port}/#/logs/base.react-python.eval/samples/sample/{sid}/1/transcript")
+        text = wait_js(driver, "const t = document.body.innerText; return t.includes('exit code 3') ? t : ''")
+        shots = Path(os.environ.get("HARNESSRL_SCREENSHOTS", "/tmp/harnessrl-screenshots"))
+        shots.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(shots / "inspect-view-tool-call.png"))
+        assert text, driver.execute_script("return document.body.innerText")[:2000]
+        assert "TOOL: PYTHON" in text.upper() and "print(6 * 7)" in text and "sys.exit(3)" in text
+        assert "error (exit code 3)\nOutput:\n42" in text  # the error, then the output the model read
+        assert "```python\nprint(...)\n```" in text  # the system prompt's fence, not a rendered code block
+    finally:
+        if driver is not None:
+            driver.quit()
+        stop_process_group(view)
+        log.close()
