@@ -13,11 +13,11 @@ def test_key_columns_first_numbers_rounded_and_nothing_blank():
     assert r["pass_at_k"] == "n/a" and r["train_harnesses"] == "none"
 
 
-def test_a_missing_number_says_the_rows_reason_and_text_is_escaped():
+def test_a_missing_number_points_at_the_rows_reason_and_text_is_escaped():
     rows = [{"target": "gain", "predictor": "C_minus_M", "r2": None, "ci_low": float("nan"), "n_points": 2,
              "na_reason": "2 point(s): an R^2 needs >= 5"}]
     (r,) = ui_rows("predictors", rows)
-    assert list(r)[:4] == ["target", "predictor", "r2", "ci_low"]
-    assert r["r2"] == r["ci_low"] == "n/a (2 point(s): an R^2 needs >= 5)"
+    assert list(r)[:5] == ["target", "predictor", "r2", "na_reason", "ci_low"]  # the reason beside the value
+    assert r["r2"] == r["ci_low"] == "n/a (see na\\_reason)" and r["na_reason"] == "2 point(s): an R^2 needs >= 5"
     assert r["predictor"] == "C\\_minus\\_M"  # as itself in the UI's Markdown
     assert ui_rows("predictors", []) == []
