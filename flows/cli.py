@@ -455,7 +455,7 @@ def findings(
         typer.secho(f"NOT A RUN: {rd}: no such folder (run it first: harnessrl run -c {config or DEFAULT_CONFIG})",
                     fg="red", err=True)
         raise typer.Exit(2)
-    from tasks.evaluate.stage import evaluate_config_hash
+    from tasks.evaluate.plan import evaluate_config_hash
 
     store = ArtifactStore(rd)
     if store.exists("evaluate/evaluations.manifest.json") and \

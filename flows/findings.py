@@ -176,7 +176,7 @@ def arm_rows(store: ArtifactStore, cfg: Any, run: str) -> list[dict[str, Any]]:
     Raises:
         ArtifactError: an analyze artifact differs from its manifest.
     """
-    from tasks.analysis.stage import arm_spec
+    from tasks.analysis.tables import arm_spec
 
     if not store.exists("analyze/training_stability.manifest.json"):
         return []

@@ -12,12 +12,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from tasks.registries import KL_ESTIMATORS, PLACEMENTS  # pure Python, rank 0 like schemas (no torch)
+
 # An expectation: (kind, column, *args). Kinds: not_null, unique, between(min, max), in_set(values),
-# compound_unique(columns...) (the column slot holds a tuple of column names).
+# compound_unique(columns...) (the column slot holds a tuple of column names). An in_set's values
+# may be a registry (tasks.registries): the names registered when an artifact is checked.
 Expectation = tuple[Any, ...]
 
 STATUS_EPISODE = ["ok", "infra_error", "timeout"]
-# tasks.rollout.harness.STOP_REASONS (schemas import nothing from tasks)
+# tasks.rollout.harness.STOP_REASONS (schemas import nothing from tasks above rank 0: tests/test_import_graph.py)
 STOP_REASONS = ["infra_error", "timeout", "max_tokens", "format_error", "max_turns", "submitted"]
 STATUS_EVAL = ["resolved", "unresolved", "infra_error", "timeout"]
 SPLITS = ["train", "test"]
@@ -785,8 +788,8 @@ KL_CHECK = _register(
             ("paper_unbiased", pa.bool_()),
             ("agrees_with_paper", pa.bool_()),
         ),
-        [("unique", "configuration"), ("in_set", "estimator", ["k1", "k2", "k3"]),
-         ("in_set", "placement", ["reward", "loss", "both"]), ("not_null", "bias_norm")],
+        [("unique", "configuration"), ("in_set", "estimator", KL_ESTIMATORS),
+         ("in_set", "placement", PLACEMENTS), ("not_null", "bias_norm")],
         "P5's table by enumeration: each (estimator, placement) configuration's gradient bias.",
         may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )

@@ -50,6 +50,15 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
+def _field_type(field: Any) -> str:
+    """:func:`_type_name` of the field's annotation; for a field whose values are a registry's names
+    (``tasks.registries.OneOf``), the names registered now, as a Literal would show them."""
+    from tasks.registries import OneOf
+
+    one_of = next((m for m in field.metadata if isinstance(m, OneOf)), None)
+    return " | ".join(repr(n) for n in one_of.registry) if one_of else _type_name(field.annotation)
+
+
 def _models_in(tp: Any, in_list: bool = False) -> list[tuple[type[BaseModel], bool]]:
     """The pydantic models a field's annotation holds (directly, in a list, or in an Optional),
     each with whether it sits in a list."""
@@ -109,7 +118,7 @@ def model_sections(model: type[BaseModel], prefix: str, level: int = 2,
     nested = []
     for name, field in model.model_fields.items():
         key = f"{prefix}.{name}" if prefix else name
-        lines.append(f"| `{key}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} | "
+        lines.append(f"| `{key}` | {_cell(_field_type(field))} | {_cell(_default(field))} | "
                      f"{_cell(_constraints(field))} |")
         for sub, in_list in _models_in(field.annotation):
             nested.append((f"{key}[]" if in_list else key, sub))

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config.base import _LaterOptions, _Strict
+from tasks.config.base import LaterOptions, _Strict
 
 
 class ContrastArm(_Strict):
@@ -17,7 +17,7 @@ class ContrastArm(_Strict):
     harness: str = Field(min_length=1)
 
 
-class ContrastConfig(_LaterOptions):
+class ContrastConfig(LaterOptions):
     """A pre-registered contrast ``a - b`` (success rate of arm a minus arm b on the same tasks).
     ``suite``: only the test tasks of this suite (``suites[].name``) count, e.g. an out-of-domain,
     evaluation-only suite; None: every test task both sides graded."""
@@ -29,7 +29,7 @@ class ContrastConfig(_LaterOptions):
     _later: ClassVar[tuple[str, ...]] = ("suite",)
 
 
-class FindingConfig(_LaterOptions):
+class FindingConfig(LaterOptions):
     """A paper's headline, pre-registered with the rule that decides it (docs/experiments/findings-rules.md).
 
     ``measure``: ``contrast`` (the pre-registered contrast named ``contrast``: a - b of per-task
@@ -92,7 +92,7 @@ class FindingConfig(_LaterOptions):
         return self
 
 
-class EvaluateConfig(_LaterOptions):
+class EvaluateConfig(LaterOptions):
     """Sealed evaluation of the test split: ``attempts`` samples per (record, checkpoint, harness).
 
     ``harnesses`` (None: the training ``harnesses``) may name harnesses never used in training:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config.base import _LaterOptions, _Strict
+from tasks.config.base import LaterOptions, _Strict
+from tasks.registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, OneOf
 
 #: policy tokens per chunk of the output projection when ``train.logprob_chunk_tokens`` is unset
 DEFAULT_LOGPROB_CHUNK_TOKENS = 256
@@ -32,13 +33,14 @@ class LoraConfig(_Strict):
 class KLConfig(_Strict):
     """KL regularisation towards the reference policy (P5: docs/methods/p5-kl.md).
 
-    ``estimator`` k1/k2/k3 (Schulman's estimators), ``placement`` ``reward`` (detached, summed over
+    ``estimator`` k1/k2/k3 (Schulman's estimators) or another of
+    ``tasks.registries.KL_ESTIMATORS``, ``placement`` ``reward`` (detached, summed over
     the sequence and subtracted from the reward before advantages) or ``loss`` (beta * mean k added
     to the loss) or ``both``; ``beta`` = 0 disables it. ``importance_weighted`` multiplies the
     in-loss estimate by the sequence ratio pi_theta / pi_old (P5's ``rho * k3`` for stale samples).
     """
 
-    estimator: Literal["k1", "k2", "k3"] = "k1"
+    estimator: Annotated[str, OneOf(KL_ESTIMATORS)] = "k1"
     placement: Literal["reward", "loss", "both"] = "reward"
     beta: float = Field(default=0.05, ge=0.0)
     importance_weighted: bool = False
@@ -72,7 +74,7 @@ class DistributedConfig(_Strict):
         return self
 
 
-class TrainConfig(_LaterOptions):
+class TrainConfig(LaterOptions):
     """GRPO / GSPO / GSPO-token on a LoRA adapter. See ``tasks/train/losses.py`` for the objectives
     and ``tasks/train/trainer.py`` for the loop.
 
@@ -157,7 +159,7 @@ class TrainConfig(_LaterOptions):
     logprob_chunk_tokens: int | None = Field(default=None, ge=0)
     checkpoint_above_tokens: int | None = Field(default=None, ge=0)
     grouping: Literal["within", "cross", "cross_coverage_matched", "cross_residualized"] = "within"
-    advantage_scale: Literal["std", "none"] = "std"
+    advantage_scale: Annotated[str, OneOf(ADVANTAGE_ESTIMATORS)] = "std"
     # The random-reward control (a learning claim's baseline): the same pipeline, trained on rewards
     # that carry no information, shuffled across each batch or drawn at its success rate
     # (tasks.train.advantages.control_rewards); the logged rewards stay the real ones.
@@ -167,7 +169,7 @@ class TrainConfig(_LaterOptions):
     harnesses: list[str] | None = None
     clip_low: float = Field(default=0.2, gt=0)
     clip_high: float = Field(default=0.2, gt=0)
-    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    agg: Annotated[str, OneOf(LOSS_AGGREGATIONS)] = "token_mean"
     max_len: int | None = Field(default=None, gt=0)
     max_staleness: int = Field(default=0, ge=0)
     old_logprobs: Literal["recompute", "sampler"] | None = None
@@ -261,8 +263,9 @@ class TrainConfig(_LaterOptions):
         if self.kl.importance_weighted and self.kl.placement == "reward":
             raise ValueError("train.kl.importance_weighted applies to the in-loss KL; placement 'reward' has none "
                              "(use placement 'loss' or 'both')")
-        if self.agg == "seq_mean_token_sum_norm" and self.max_len is None:
-            raise ValueError("train.agg='seq_mean_token_sum_norm' (Dr. GRPO) needs train.max_len, the constant normaliser")
+        if LOSS_AGGREGATIONS.get(self.agg).needs_max_len and self.max_len is None:
+            raise ValueError(f"train.agg={self.agg!r} ({LOSS_AGGREGATIONS.get(self.agg).source}) needs train.max_len, "
+                             "the constant normaliser")
         return self
 
 

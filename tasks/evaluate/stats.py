@@ -59,7 +59,10 @@ def final_attempts(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, int]
     return out
 
 
-def _per_task(finals: dict[tuple[str, str, str, int], dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[dict]]]:
+def attempts_by_cell_and_task(finals: dict[tuple[str, str, str, int], dict[str, Any]]
+                              ) -> dict[tuple[str, str], dict[str, list[dict]]]:
+    """The final attempts (:func:`final_attempts`) per (checkpoint, harness_name) cell, per task:
+    ``{(checkpoint, harness_name): {task_id: [row, ...]}}``, rows in the order given."""
     cells: dict[tuple[str, str], dict[str, list[dict]]] = {}
     for (ck, h, _rid, _a), r in finals.items():
         cells.setdefault((ck, h), {}).setdefault(r["task_id"], []).append(r)
@@ -71,7 +74,7 @@ def graded_counts(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str,
     each planned attempt (:func:`final_attempts`); tasks with no graded attempt are left out. A
     task's success rate is ``resolved / graded``."""
     out: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
-    for key, tasks in _per_task(final_attempts(rows)).items():
+    for key, tasks in attempts_by_cell_and_task(final_attempts(rows)).items():
         for t, rs in tasks.items():
             g = [r for r in rs if r["status"] in GRADED]
             if g:
@@ -111,7 +114,7 @@ def cell_table(rows: list[dict[str, Any]], plan: dict[str, Any], min_graded_frac
     tasks_per_h: dict[str, int] = {}
     for rec in plan["records"]:
         tasks_per_h[rec["harness_name"]] = tasks_per_h.get(rec["harness_name"], 0) + 1
-    per = _per_task(final_attempts(rows))
+    per = attempts_by_cell_and_task(final_attempts(rows))
     out = []
     for ck in plan["checkpoints"]:
         for h in plan["harnesses"]:
@@ -218,7 +221,7 @@ def pass_at_1_intervals(rows: list[dict[str, Any]], resamples: int, seed: int, l
         ValueError: ``resamples`` < 1 or ``level`` outside (0, 1) (from paired_bootstrap).
     """
     out = {}
-    for key, per_task in sorted(_per_task(final_attempts(rows)).items()):
+    for key, per_task in sorted(attempts_by_cell_and_task(final_attempts(rows)).items()):
         graded = [[r for r in rs if r["status"] in GRADED] for _, rs in sorted(per_task.items())]
         shares = np.array([sum(r["resolved"] for r in g) / len(g) for g in graded if g], dtype=np.float64)
         if shares.size:

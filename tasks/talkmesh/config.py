@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.config import RunConfig, load_config
-from tasks.config.base import _LaterOptions
+from tasks.config.base import LaterOptions
 from tasks.harnesses.spec import SamplingSpec
 
 
@@ -69,7 +69,7 @@ class MeshFindings(BaseModel):
         return self
 
 
-class TalkMeshConfig(_LaterOptions):
+class TalkMeshConfig(LaterOptions):
     """The mesh, its training data and its evaluation.
 
     ``harness``: the harness whose system prompt and answer pattern the agents use (one of
