@@ -128,7 +128,9 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
         assert fr.name == label and {"harnessrl", "deployed"} <= set(fr.tags), (fr.name, fr.tags)
         # the run was created under a random name; renamed at its start, its logs say the config's
         assert run.name != label and any(label in g.message for g in logs)
-        print("LOGS WITH THE RANDOM NAME:", [g.message for g in logs if run.name in g.message])
+        # only the worker's line from before the run's process started says the name it was created under
+        assert [g.message for g in logs if run.name in g.message] == [
+            f"Flow run '{run.name}' submitted to infrastructure"], [g.message for g in logs if run.name in g.message]
         assert sorted(c.name for c in children) == sorted(f"{s} · {label}" for s in [*STAGES, "report-tables"])
         assert all("deployed" in c.tags for c in children), [c.tags for c in children]
         children = [c for c in children if client.read_flow(c.flow_id).name != "report-tables"]
