@@ -76,7 +76,7 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
     from tasks.analysis.leakage import action_distributions, jsd_table
     from tasks.analysis.predictors import p1_points, r2_table
     from tasks.analysis.infra import infra_counts, online_arm_names
-    from tasks.analysis.report import ReportInputs, render_report
+    from tasks.analysis.report import ReportInputs, render_report, report_notes
     from tasks.harnesses.frozen import harness_specs
 
     a = cfg.analyze
@@ -193,22 +193,23 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
               "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd,
               "step_failures": steps_fail}
     figures = _figures(store, tables)
-    report = render_report(ReportInputs(
-        run_name=cfg.name, config_hash=cfg.config_hash(), model=cfg.policy.model,
-        plan_hash=evals[0]["plan_hash"] if evals else "", seal_head=evals[-1]["seal_hash"] if evals else "",
-        episodes=episodes, train_steps=tables["train_steps"],
-        timing=store.manifest("train", "train_steps").get("extra", {}).get("timing", []),
-        eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
-        predictors=predictors, p1_points=points, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
-        figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
-        arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve, step_failures=steps_fail,
-        infra=infra_counts(store, online_arm_names(cfg))))
-    if mesh_names:
-        from tasks.analysis.report import talkmesh_section
+    with report_notes():  # one numbering of the table notes, the appended TalkMesh section included
+        report = render_report(ReportInputs(
+            run_name=cfg.name, config_hash=cfg.config_hash(), model=cfg.policy.model,
+            plan_hash=evals[0]["plan_hash"] if evals else "", seal_head=evals[-1]["seal_hash"] if evals else "",
+            episodes=episodes, train_steps=tables["train_steps"],
+            timing=store.manifest("train", "train_steps").get("extra", {}).get("timing", []),
+            eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
+            predictors=predictors, p1_points=points, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
+            figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
+            arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve, step_failures=steps_fail,
+            infra=infra_counts(store, online_arm_names(cfg))))
+        if mesh_names:
+            from tasks.analysis.report import talkmesh_section
 
-        report = report.rstrip("\n") + "\n\n" + talkmesh_section(
-            store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
-            evals, eval_turns, mesh_names)
+            report = report.rstrip("\n") + "\n\n" + talkmesh_section(
+                store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
+                evals, eval_turns, mesh_names)
     store.write_text(REPORT, report)
     advance(1)
 

@@ -154,6 +154,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     # eval_id -> the engine's [start, end, batch size] per turn, for the Inspect logs' timing (the
     # runner's episode dicts carry it; no artifact does: it differs between runs)
     turn_times: dict[str, list[list[float]]] = {}
+    tool_calls: dict[str, list[list[dict[str, Any]]]] = {}  # eval_id -> per turn its tool calls' times
     ch = evaluate_config_hash(cfg)
     with store.stream("evaluate", "eval_turns", contract="turns") as turns_out, \
             tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:
@@ -166,6 +167,8 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                 for e in eps:
                     if e.get("turn_times"):
                         turn_times[e["episode_id"]] = e["turn_times"]
+                    if any(e.get("tool_calls") or []):
+                        tool_calls[e["episode_id"]] = e["tool_calls"]
                 yield from eps
 
         for ck in plan["checkpoints"]:
@@ -244,7 +247,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     # an Inspect log needs each turn's text only: the token-id columns are never decoded
     turns_of = functools.partial(store.rows_where, turns_ref, "episode_id", columns=list(TURN_COLUMNS))
     write_exports(store, cfg.name, plan, ph, sealed, cells, turns_of, task_by_id,
-                  {s.name: s.render_system() for s in specs.values()}, turn_times=turn_times)
+                  {s.name: s.render_system() for s in specs.values()}, turn_times=turn_times, tool_calls=tool_calls)
     tick("exports")
     return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref, "eval_turns": turns_ref,
             **found}
