@@ -56,7 +56,7 @@ def _cfg():
                  "control": "final-minus-base-react", "claim": "increase", "headline": "Training helps."}]
     return RunConfig.model_validate({
         "name": "found", "seed": 3, "suites": [{"name": "basic_arithmetic", "size": 40, "seed": 2}],
-        "split": {"test_fraction": 0.5}, "harnesses": ["direct"],
+        "split": {"test_fraction": 0.5, "disjoint": True}, "harnesses": ["direct"],
         "evaluate": {"attempts": 2, "harnesses": ["direct", "react-python"], "bootstrap_resamples": 300,
                      "contrasts": contrasts, "findings": findings}, "analyze": {"ceiling_k": 2}})
 
