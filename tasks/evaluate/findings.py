@@ -23,7 +23,7 @@ from tasks.hashing import seed_from
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 #: the verdict rule a plan is sealed with now (``plan["findings_rule"]``); docs/experiments/findings-rules.md
-#: says what changed from rule 1 (2026-12-08: the control's interval, and training seeds)
+#: says what changed from rule 1 (2026-12-07: the control's interval, and training seeds)
 FINDINGS_RULE = 2
 
 
