@@ -158,6 +158,10 @@ class RunConfig(_Strict):
             for it in items or []:
                 if suites is not None and it.suite is not None and it.suite not in suites:
                     raise ValueError(f"evaluate.{kind}[{it.name!r}].suite={it.suite!r} is not a suite of this run {suites}")
+                for i, cell in enumerate(getattr(it, "cells", None) or []):
+                    if suites is not None and cell.suite is not None and cell.suite not in suites:
+                        raise ValueError(f"evaluate.findings[{it.name!r}].cells[{i}].suite={cell.suite!r} is not a suite "
+                                         f"of this run {suites}")
         for f in self.evaluate.findings or []:
             for ck in f.checkpoints or []:
                 if ck not in ckpts:

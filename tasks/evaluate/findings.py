@@ -179,23 +179,31 @@ def predictor_gap(c: np.ndarray, m: np.ndarray, y: np.ndarray) -> float:
 
 
 def p1_cells(rows: list[dict[str, Any]], cells: list[dict[str, str]], k: int, reference: str = "base",
-             members: Callable[[str], list[str]] | None = None) -> dict[str, np.ndarray]:
-    """Per cell ``{checkpoint, harness}``: ``C`` (mean over the reference's tasks with >= k graded
-    attempts of the unbiased pass@k under that harness), ``M`` = C - pass@1 of the reference,
-    ``gain`` = pass@1(checkpoint) - pass@1(reference) and ``return`` = pass@1(checkpoint), each
-    pass@1 the mean over tasks of resolved / graded final attempts. ``members``: the checkpoints a
-    cell's name stands for (an arm trained under several seeds: its seed checkpoints, whose pass@1
-    is averaged; None: the name itself). Float arrays ``[len(cells)]``; NaN where a cell has no
-    graded task."""
+             members: Callable[[str], list[str]] | None = None,
+             suite_of: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Per cell ``{checkpoint, harness}`` (optionally ``suite``): ``C`` (mean over the reference's
+    tasks with >= k graded attempts of the unbiased pass@k under that harness), ``M`` = C - pass@1
+    of the reference, ``gain`` = pass@1(checkpoint) - pass@1(reference) and ``return`` =
+    pass@1(checkpoint), each pass@1 the mean over tasks of resolved / graded final attempts.
+    ``members``: the checkpoints a cell's name stands for (an arm trained under several seeds: its
+    seed checkpoints, whose pass@1 is averaged; None: the name itself). A cell with a ``suite``
+    counts only the tasks ``suite_of`` (task id -> suite, the plan's) maps to it. Float arrays
+    ``[len(cells)]``; NaN where a cell has no graded task.
+
+    Raises:
+        ValueError: a cell names a suite and ``suite_of`` is empty (the plan sealed no suites)."""
     counts = graded_counts(rows)
 
-    def graded(ck: str, h: str) -> list[tuple[int, int]]:
-        return list(counts.get((ck, h), {}).values())
+    def graded(ck: str, h: str, suite: str | None) -> list[tuple[int, int]]:
+        return [v for t, v in counts.get((ck, h), {}).items() if suite is None or (suite_of or {}).get(t) == suite]
 
     cols: dict[str, list[float]] = {"C": [], "M": [], "gain": [], "return": []}
     for cell in cells:
-        base = graded(reference, cell["harness"])
-        trained = [graded(m, cell["harness"]) for m in (members or (lambda n: [n]))(cell["checkpoint"])]
+        su = cell.get("suite")
+        if su is not None and not suite_of:
+            raise ValueError(f"p1 cell {cell!r} names suite {su!r}, but the plan has no suite_of")
+        base = graded(reference, cell["harness"], su)
+        trained = [graded(m, cell["harness"], su) for m in (members or (lambda n: [n]))(cell["checkpoint"])]
         ks = [pass_at_k(n, c, k) for n, c in base if n >= k]
         if not base or not all(trained) or not ks:
             for v in cols.values():
@@ -337,7 +345,8 @@ def finding_table(rows: list[dict[str, Any]], plan: dict[str, Any], contrasts: l
         elif f["measure"] == "p1_predictor_gap":
             interval = "cell"
             seed = seed_from(plan["seed"], "finding", f["name"])
-            pts = p1_cells(rows, f["cells"], int(plan["attempts"]), members=lambda n: arm_members(plan, n))
+            pts = p1_cells(rows, f["cells"], int(plan["attempts"]), members=lambda n: arm_members(plan, n),
+                           suite_of=plan.get("suite_of"))
             ok = ~np.isnan(pts["C"])
             c_, m_, y_ = pts["C"][ok], pts["M"][ok], pts[f.get("target", "gain")][ok]
             row.update(level=level, seed=seed, n=int(ok.sum()))

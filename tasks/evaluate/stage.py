@@ -89,7 +89,8 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
                                      f"{c[side]['checkpoint']!r} is not a checkpoint of this run {ck_names}")
     trained_on = "+".join(cfg.harnesses)
     # the suite of each test task, sealed where a contrast or finding counts one suite only
-    by_suite = [it.suite for it in (cfg.evaluate.contrasts or []) + (cfg.evaluate.findings or []) if it.suite]
+    by_suite = [it.suite for it in (cfg.evaluate.contrasts or []) + (cfg.evaluate.findings or []) if it.suite] + \
+        [c.suite for f in cfg.evaluate.findings or [] for c in f.cells or [] if c.suite]
     suite_of = {t["task_id"]: t["suite"] for t in tasks if t["split"] == "test"} if by_suite else {}
     for name in by_suite:
         if name not in suite_of.values():

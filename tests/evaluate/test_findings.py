@@ -176,6 +176,42 @@ def test_p1_cells_by_hand():
     assert pts["gain"][0] == pytest.approx(0.75 - 0.375) and pts["return"][0] == pytest.approx(0.75)
 
 
+def test_a_p1_cell_of_one_suite_counts_only_that_suites_tasks():
+    from tasks.evaluate.findings import p1_cells
+    from tests.evaluate.test_stats import _contrast_rows
+
+    # 4 tasks x 2 attempts; suite x = t0, t2 (base [1, 2] of 2, a1 [2, 2]); suite y = t1, t3 (base [0, 0], a1 [1, 1])
+    rows = _contrast_rows({("base", "h1"): [1, 0, 2, 0], ("a1", "h1"): [2, 1, 2, 1]})
+    suite_of = {"t0": "x", "t1": "y", "t2": "x", "t3": "y"}
+    cells = [{"checkpoint": "a1", "harness": "h1", "suite": "x"}, {"checkpoint": "a1", "harness": "h1", "suite": "y"},
+             {"checkpoint": "a1", "harness": "h1"}]
+    pts = p1_cells(rows, cells, 2, suite_of=suite_of)
+    # x: base pass@1 (0.5 + 1) / 2 = 0.75, pass@2 1; a1 1 -> C 1, M 0.25, gain 0.25
+    assert pts["C"][0] == pytest.approx(1.0) and pts["M"][0] == pytest.approx(0.25)
+    assert pts["gain"][0] == pytest.approx(0.25) and pts["return"][0] == pytest.approx(1.0)
+    # y: base 0, pass@2 0; a1 0.5 -> C 0, M 0, gain 0.5
+    assert pts["C"][1] == pytest.approx(0.0) and pts["M"][1] == pytest.approx(0.0)
+    assert pts["gain"][1] == pytest.approx(0.5)
+    # no suite: every task, as before
+    assert pts["C"][2] == pytest.approx(0.5) and pts["gain"][2] == pytest.approx(0.375)
+    with pytest.raises(ValueError, match="suite 'x'"):
+        p1_cells(rows, cells[:1], 2)  # a suite cell with no sealed suites is refused, not read as every task
+
+
+def test_p1_cells_naming_a_suite_are_checked_at_load_and_keep_old_hashes():
+    from tasks.config.evaluate import P1Cell
+
+    assert "suite" not in P1Cell.model_validate({"checkpoint": "a", "harness": "h"}).model_dump(mode="json")
+    cfg = _cfg().model_dump(mode="json", exclude_none=True)
+    cell = {"checkpoint": "final", "harness": "direct"}
+    cfg["evaluate"]["findings"] = [{"name": "p1", "paper": "P1", "headline": "h", "measure": "p1_predictor_gap",
+                                    "claim": "increase", "cells": [dict(cell, suite="reasoning_gym/products")] * 3}]
+    with pytest.raises(ValueError, match=r"cells\[0\]\.suite='reasoning_gym/products' is not a suite"):
+        RunConfig.model_validate(cfg)
+    cfg["evaluate"]["findings"][0]["cells"] = [dict(cell, suite="reasoning_gym/basic_arithmetic")] * 3
+    assert RunConfig.model_validate(cfg).evaluate.findings[0].cells[0].suite == "reasoning_gym/basic_arithmetic"
+
+
 def test_a_p1_finding_over_five_cells_is_computed_and_recomputed():
     from tasks.evaluate.findings import finding_table
     from tests.evaluate.test_stats import _contrast_rows
