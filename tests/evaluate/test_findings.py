@@ -409,3 +409,33 @@ def test_a_bad_infra_threshold_is_refused_at_load():
     data["evaluate"]["max_infra_error_fraction"] = 1.5
     with pytest.raises(ValueError, match="max_infra_error_fraction"):
         RunConfig.model_validate(data)
+
+
+def test_a_p1_finding_over_suite_cells_is_sealed_computed_and_verified(tmp_path):
+    """Two task families, a P1 finding whose cells name them: the plan seals each test task's suite,
+    the finding's points are the (harness, suite) cells, and verify recomputes the row."""
+    import math
+
+    from tasks.evaluate.findings import p1_cells, predictor_gap
+
+    data = _cfg().model_dump(mode="json", exclude_none=True)
+    data["suites"] = [{"name": "basic_arithmetic", "size": 20, "seed": 2},
+                      {"name": "products", "size": 20, "seed": 2, "params": {"min_digits": 2, "max_digits": 2}}]
+    cells = [{"checkpoint": "final", "harness": h, "suite": f"reasoning_gym/{s}"}
+             for h in ("direct", "react-python") for s in ("basic_arithmetic", "products")]
+    data["evaluate"]["findings"] = [{"name": "p1-cells", "paper": "P1", "headline": "C - M predicts the gain.",
+                                     "measure": "p1_predictor_gap", "claim": "increase", "cells": cells}]
+    cfg = RunConfig.model_validate(data)
+    store, refs, tasks, _ = _store(tmp_path, cfg)
+    out = run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner(p_resolve={"direct": 0.6, "react-python": 0.2},
+                                                                       seed=3))
+    plan = store.read_json("evaluate/plan.json")
+    test = {t["task_id"]: t["suite"] for t in tasks if t["split"] == "test"}
+    assert plan["suite_of"] == test and set(test.values()) == {c["suite"] for c in cells}
+    assert plan["findings"][0]["cells"] == cells
+    (row,) = store.rows(out["eval_findings"])
+    pts = p1_cells(store.rows(("evaluate", "evaluations")), cells, 2, suite_of=plan["suite_of"])
+    assert row["n"] == 4 and not np.isnan(pts["C"]).any()
+    want = predictor_gap(pts["C"], pts["M"], pts["gain"])
+    assert (row["estimate"] is None) if math.isnan(want) else row["estimate"] == pytest.approx(want)
+    assert CliRunner().invoke(app, ["verify", str(store.root)]).exit_code == 0
