@@ -362,14 +362,21 @@ def _render(inp: ReportInputs) -> str:
         out += _table(["checkpoint", "harness", "suite", "tasks", "graded", "pass@1", "interval", "median steps"],
                       rows, "lllrrrrr", keep=3) + [""]
     if inp.eval_contrasts:
+        seeded = any(c.get("interval") == "seed-task" for c in inp.eval_contrasts)
         rows = [[c["name"], f"{c['a_checkpoint']}/{c['a_harness']} - {c['b_checkpoint']}/{c['b_harness']}", c["status"],
-                 str(c["n_tasks"]), _f(c["estimate"], why=f"status {c['status']}"),
+                 str(c["n_tasks"]), *([f"{c['a_seeds']}/{c['b_seeds']}"] if seeded else []),
+                 _f(c["estimate"], why=f"status {c['status']}"),
                  _interval(c["ci_low"], c["ci_high"], f"status {c['status']}"),
-                 _f(c["p_bonferroni"], why=f"status {c['status']}"), _f(c["mdd"], why=f"status {c['status']}")]
+                 _f(c["p_bonferroni"], why=f"status {c['status']}"),
+                 _f(c["mdd"], why=f"status {c['status']}" if c.get("interval") != "seed-task"
+                    else "a seeded side: the paired formula has no seed term")]
                 for c in inp.eval_contrasts]
-        out += ["Pre-registered contrasts (task-clustered paired bootstrap, Bonferroni over the family):", ""]
-        out += _table(["contrast", "a - b", "status", "tasks", "estimate", "CI", "p (Bonf.)", "MDD"], rows,
-                      "lllrrrrr", keep=1) + [""]
+        out += ["Pre-registered contrasts (task-clustered paired bootstrap, Bonferroni over the family" + (
+            "; a side trained under several seeds is their mean, its interval resamples the seeds, then the tasks, "
+            "and has no MDD (the paired formula has no seed term); seeds: training runs per side, 0 for the base"
+            if seeded else "") + "):", ""]
+        out += _table(["contrast", "a - b", "status", "tasks", *(["seeds"] if seeded else []), "estimate", "CI",
+                       "p (Bonf.)", "MDD"], rows, "lllr" + ("r" if seeded else "") + "rrrr", keep=1) + [""]
 
     if inp.kl_check:
         by_conf = {r["configuration"]: r for r in inp.kl_check}

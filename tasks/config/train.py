@@ -107,6 +107,11 @@ class TrainConfig(LaterOptions):
     ``truncated_reward``: an episode that timed out or was cut at its token budget scores ``zero``
     in its group (default) or keeps its ``graded`` reward.
     ``init_adapter``: a peft adapter folder to start from (else a fresh adapter, LoRA B = 0).
+    ``seed``: the training seed (the adapter's initial weights, the mini-batch order, the control's
+    rewards, online sampling; None: the run's ``seed``); ``seeds``: train once per listed seed,
+    each its own checkpoint ``<arm>@s<seed>`` (:meth:`tasks.config.RunConfig.arm_configs`), so a
+    recipe comparison carries the variance between training runs (docs/experiments/findings-rules.md).
+    Set at the top level, ``seeds`` applies to every arm; ``arms[].train.seeds`` sets one arm's.
     ``reference``: ``initial`` = the starting policy, kept frozen (the base model for a fresh
     adapter, the starting adapter otherwise); ``base`` = the base model with the adapter disabled.
     ``checkpoint_every``: optimizer steps between resumable training states.
@@ -142,7 +147,8 @@ class TrainConfig(LaterOptions):
     ``gradient_checkpointing``). Left out of the dumps when unset, like the two above.
     """
 
-    _later: ClassVar[tuple[str, ...]] = ("micro_batch_tokens", "logprob_chunk_tokens", "checkpoint_above_tokens")
+    _later: ClassVar[tuple[str, ...]] = ("micro_batch_tokens", "logprob_chunk_tokens", "checkpoint_above_tokens",
+                                         "seed", "seeds")
 
     algorithm: Literal["grpo", "gspo", "gspo_token"] = "grpo"
     mode: Literal["frozen", "online"] = "frozen"
@@ -180,6 +186,15 @@ class TrainConfig(LaterOptions):
     truncated_reward: Literal["zero", "graded"] = "zero"
     reference: Literal["initial", "base"] = "initial"
     init_adapter: str | None = None
+    # The training seed: the seed of everything the train stage draws for this arm (the adapter's
+    # initial weights, the mini-batch order, the control's rewards, online sampling); None: the
+    # run's `seed`. The frozen rollouts, the split and the sealed evaluation keep the run's seeds.
+    seed: int | None = Field(default=None, ge=0)
+    # Train each arm once per training seed in this list, as its own checkpoint `<arm>@s<seed>`
+    # (RunConfig.arm_configs); a contrast or finding naming the arm is estimated over its seeds
+    # and the tasks (docs/experiments/findings-rules.md). None: one checkpoint `<arm>`, trained
+    # with `seed` (or the run's).
+    seeds: list[int] | None = None
     checkpoint_every: int = Field(default=1, ge=1)
     save_every: int | None = Field(default=None, ge=1)
     share_prompt: bool = True
@@ -222,8 +237,18 @@ class TrainConfig(LaterOptions):
         """Passes over the frozen rollouts (1 unless ``epochs`` is set; frozen mode only)."""
         return self.epochs or 1
 
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or len(set(v)) != len(v) or min(v) < 0):
+            raise ValueError(f"train.seeds={v}: needs a non-empty list of distinct training seeds >= 0")
+        return v
+
     @model_validator(mode="after")
     def _check_combination(self) -> "TrainConfig":
+        if self.seed is not None and self.seeds is not None:
+            raise ValueError(f"train.seed={self.seed} with train.seeds={self.seeds}: seed is one training seed, seeds "
+                             "trains one checkpoint per seed; set one of them")
         if self.init_adapter is not None and not (Path(self.init_adapter) / "adapter_config.json").is_file():
             raise ValueError(f"train.init_adapter={self.init_adapter!r} is not a peft adapter folder (no "
                              "adapter_config.json there)")

@@ -8,7 +8,8 @@ from typing import Any
 
 from schemas import ArtifactRef
 from tasks.config import RunConfig
-from tasks.evaluate.prereg import default_contrasts
+from tasks.evaluate.findings import FINDINGS_RULE
+from tasks.evaluate.prereg import arm_seeds, default_contrasts
 from tasks.rollout.loop_plugins import state_artifacts
 
 
@@ -31,18 +32,24 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
         raise ValueError(f"evaluate: no test-split records for evaluation harness(es) {missing} "
                          "(freeze again: the records predate evaluate.harnesses?)")
     ck_names = [c["name"] for c in checkpoints]
+    seeded = arm_seeds(cfg)
+    for arm, cks in seeded.items():
+        if set(cks) - set(ck_names):
+            raise ValueError(f"evaluate: arm {arm!r} trains under seeds {cks}, but the train stage wrote no checkpoint "
+                             f"{sorted(set(cks) - set(ck_names))} (train again: --from train)")
     if cfg.evaluate.contrasts is None:
-        contrasts = default_contrasts(checkpoints, sorted(eval_names))
+        contrasts = default_contrasts(checkpoints, sorted(eval_names), seeded)
     else:
         contrasts = [c.model_dump(mode="json") for c in cfg.evaluate.contrasts]
         for c in contrasts:
             for side in ("a", "b"):
-                if c[side]["checkpoint"] not in ck_names:
+                if c[side]["checkpoint"] not in ck_names and c[side]["checkpoint"] not in seeded:
                     raise ValueError(f"evaluate.contrasts[{c['name']!r}].{side}.checkpoint="
                                      f"{c[side]['checkpoint']!r} is not a checkpoint of this run {ck_names}")
     trained_on = "+".join(cfg.harnesses)
     # the suite of each test task, sealed where a contrast or finding counts one suite only
-    by_suite = [it.suite for it in (cfg.evaluate.contrasts or []) + (cfg.evaluate.findings or []) if it.suite]
+    by_suite = [it.suite for it in (cfg.evaluate.contrasts or []) + (cfg.evaluate.findings or []) if it.suite] + \
+        [c.suite for f in cfg.evaluate.findings or [] for c in f.cells or [] if c.suite]
     suite_of = {t["task_id"]: t["suite"] for t in tasks if t["split"] == "test"} if by_suite else {}
     for name in by_suite:
         if name not in suite_of.values():
@@ -68,7 +75,10 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
         "policy": cfg.policy.model_dump(mode="json"),
         "sandbox": cfg.sandbox.model_dump(mode="json"),
         # the papers' headlines and their verdict rules (only when set: plans without keep their hash)
-        **({"findings": [f.model_dump(mode="json") for f in cfg.evaluate.findings]} if cfg.evaluate.findings else {}),
+        **({"findings": [f.model_dump(mode="json") for f in cfg.evaluate.findings],
+            "findings_rule": FINDINGS_RULE} if cfg.evaluate.findings else {}),
+        # the arms trained under several seeds and their seed checkpoints (only when any is)
+        **({"arm_seeds": seeded} if seeded else {}),
         # the findings threshold on infra errors, when the config sets it (unset: the documented default)
         **({"max_infra_error_fraction": cfg.evaluate.max_infra_error_fraction}
            if cfg.evaluate.max_infra_error_fraction is not None else {}),

@@ -167,6 +167,9 @@ class TalkMeshRunConfig(RunConfig):
     def _check_talkmesh(self) -> "TalkMeshRunConfig":
         if self.talkmesh.harness not in self.harnesses:
             raise ValueError(f"talkmesh.harness={self.talkmesh.harness!r} is not in harnesses {self.harnesses}")
+        if self.talkmesh.findings is not None and not self.split.disjoint:
+            raise ValueError("split.disjoint=False: a findings config (talkmesh.findings) needs split.disjoint: true "
+                             "(no test problem may be a train problem)")
         return self
 
 

@@ -221,6 +221,23 @@ def test_task_difficulty(tmp_path):
     assert row["goal"]["reached"] == any(s["spread"] >= 0.3 for s in row["spread"].values())
 
 
+def test_findings_budget(tmp_path):
+    from tasks.config.run import load_config
+
+    row = run_smoke("findings_budget", tmp_path)
+    cfg = load_config(ROOT / "configs/p4-findings-v2.yaml", quick=True)
+    assert row["kind"] == "estimate" and row["quick"] is True and row["config_name"] == "p4-findings-v2"
+    # counted from the config here: 10 + 10 problems, 4 + 4 test; base + 3 arms x 2 seeds; 5 harnesses x 1 attempt
+    assert (row["test_tasks"], row["train_tasks"], row["checkpoints"]) == (8, 12, 7)
+    assert row["sealed_attempts"] == 7 * len(cfg.evaluate.harnesses) * 8 * cfg.evaluate.attempts
+    assert row["train_samples"] == 6 * 1 * 1 * 4 * 3  # arms x steps x prompts x group x training harnesses
+    u = row["unit_costs_s"]
+    assert row["evaluate_s"] == pytest.approx(row["sealed_attempts"] * u["attempt"], abs=row["sealed_attempts"] * 5e-4 + 0.1)
+    assert {"python-demo", "calculator-demo"} <= set(u["tool_harnesses"]) and "direct" not in u["tool_harnesses"]
+    assert row["total_s"] == pytest.approx(row["rollout_s"] + row["train_s"] + row["evaluate_s"] + row["branching_s"],
+                                           abs=0.2)
+
+
 def test_learning(tmp_path):
     work = tmp_path / "work"
     row = run_smoke("learning", tmp_path, "--work", str(work))
