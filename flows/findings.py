@@ -131,7 +131,8 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str,
     """
     ours = {f["name"]: f for f in store.rows(("evaluate", "eval_findings"))} \
         if store.exists("evaluate/eval_findings.parquet") else {}
-    rule = int(store.read_json("evaluate/plan.json").get("findings_rule", 1)) if store.exists("evaluate/plan.json") else 1
+    plan = store.read_json("evaluate/plan.json") if store.exists("evaluate/plan.json") else {}
+    rule = int(plan.get("findings_rule", 1))
     infra: dict[str, Any] | None = None
     n = other = 0
     for i, line in enumerate(findings_file.read_text().splitlines(), start=1):
