@@ -41,12 +41,12 @@ from schemas import ArtifactError, ArtifactStore
 from schemas.machine import describe, light_facts, numpy_kernel
 from tasks.evaluate.seal import REL_TOL, SealError, VerifyReport, check_recomputed, floats_close, verify_chain
 from tasks.evaluate.prereg import check_preregistration
-from tasks.evaluate.signing import check_signatures
+from tasks.evaluate.signing import EVALUATE_SEAL, check_signatures
 from tasks.hashing import sha256_dir
 from tasks.rollout.loop_plugins import state_artifacts
 
-PLAN = "evaluate/plan.json"
-PLAN_HASH = "evaluate/plan.sha256"
+PLAN = EVALUATE_SEAL.plan
+PLAN_HASH = EVALUATE_SEAL.plan_hash
 EVALUATIONS = "evaluate/evaluations.parquet"
 STATS = ("eval_cells", "eval_contrasts")
 
