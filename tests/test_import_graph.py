@@ -7,7 +7,7 @@ The layers, lowest first (a module may import its own layer and those below it):
 
 | rank | packages |
 | --- | --- |
-| 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``), the registries of what people add to the trainer (``tasks.registries``) |
+| 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``, ``tasks.command``), the registries of what people add (``tasks.registries``) and the import list of the applications (``tasks.applications``, which names their modules as strings) |
 | 1 | ``tasks.harnesses`` |
 | 2 | ``tasks.config`` |
 | 3 | ``tasks.rollout``, ``tasks.records`` (one rank, see below) |
@@ -19,7 +19,8 @@ The layers, lowest first (a module may import its own layer and those below it):
 
 ``tasks.rollout`` and ``tasks.records`` share a rank: the verifiers run in the rollout's sandbox and
 browser, and the rollout grades with the verifiers. The applications plug into the cores through
-:mod:`tasks.rollout.loop_plugins` and the contract registry instead of being imported by them.
+:mod:`tasks.registries.applications` (which imports the modules that :mod:`tasks.applications` lists, by
+name), :mod:`tasks.rollout.loop_plugins` and the contract registry instead of being imported by them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ CORES = ("tasks.records", "tasks.rollout", "tasks.train", "tasks.evaluate", "tas
          "tasks.config", "schemas")
 APPLICATIONS = ("tasks.talkmesh", "tasks.bipa")
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("schemas", "tasks.hashing", "tasks.progress", "tasks.yamlfile", "tasks.registries"),
+    ("schemas", "tasks.hashing", "tasks.progress", "tasks.yamlfile", "tasks.command", "tasks.registries",
+     "tasks.applications"),
     ("tasks.harnesses",),
     ("tasks.config",),
     ("tasks.rollout", "tasks.records"),
