@@ -147,9 +147,9 @@ class _SharedPolicy:
         self._policy = policy
         self.tokenizer = copy.deepcopy(policy.tokenizer)
 
-    def generate(self, prompts: list[list[int]], sampling: Any, seed: int) -> Any:
+    def generate(self, prompts: list[list[int]], sampling: Any, seed: int, **kw: Any) -> Any:
         with _GENERATE_LOCK:
-            return self._policy.generate(prompts, sampling, seed)
+            return self._policy.generate(prompts, sampling, seed, **kw)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._policy, name)
@@ -210,11 +210,14 @@ def episode_jobs(records: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
                  tag: str, policy_id: str) -> list[Any]:
     """The ``EpisodeJob`` list of ``records`` (in the given order) x ``samples``: episode id =
     ``sha256_json([record_id, tag, policy_id, sample, seed])[:32]``, episode seed =
-    ``seed_from(seed, record_id, sample)``. Neither depends on the shard layout."""
+    ``seed_from(seed, record_id, sample)``. Neither depends on the shard layout. A record with a
+    ``noise_key`` (common random numbers) gives its jobs ``noise_seed = seed_from(seed, noise_key,
+    sample)``: records of two harnesses with the same key draw the same sampler noise."""
     from tasks.rollout.harness import EpisodeJob
 
     return [EpisodeJob(sha256_json([r["record_id"], tag, policy_id, i, seed])[:32], r, tasks[r["task_id"]], i,
-                       seed_from(seed, r["record_id"], i))
+                       seed_from(seed, r["record_id"], i),
+                       seed_from(seed, r["noise_key"], i) if r.get("noise_key") else None)
             for r in records for i in range(samples)]
 
 
