@@ -190,3 +190,40 @@ def test_the_config_refuses_a_lax_measurement(tiny_model_dir):
                             ("suites", [{**cfg["suites"][0], "reward": "fraction"}], "reward: exact")):
         with pytest.raises(ValueError, match=re.escape(msg)):
             BipaRunConfig.model_validate({**cfg, key: value})
+
+
+def test_verify_and_findings_commands_reach_bipa_through_the_registry(run, tiny_model_dir, tmp_path):
+    import json
+    from pathlib import Path
+
+    from flows.check_commands import application_findings, config_owner, verify_command
+    from tasks.command import CommandError
+
+    store, refs, _ = run()
+    said = []
+
+    def say(msg, *a):
+        said.append(msg)
+
+    verify_command(Path(store.url), None, False, None, say)
+    assert said[-1].startswith("verified: plan ") and "sealed rows" in said[-1]
+    yaml_path = tmp_path / "bipa.yaml"
+    yaml_path.write_text("bipa: {}\n")
+    owner = config_owner(yaml_path)
+    assert owner is not None and owner.name == "bipa"
+    out = tmp_path / "findings.jsonl"
+    application_findings(owner, _cfg(tiny_model_dir), yaml_path, Path(store.url), False, out, say)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["lms", "eff", "tok"] and all(r["sealed"] and r["paper"] == "P2" for r in rows)
+    assert rows[0]["plan_hash"] == store.read_bytes("bipa/plan.sha256").decode().strip()
+    assert rows[1]["placebo"] == {"selection": 0.0, "fresh": 0.0, "test": 0.0}
+    # another config than the run's is refused, and so is a tampered findings table
+    with pytest.raises(CommandError, match="NOT THIS RUN"):
+        application_findings(owner, _cfg(tiny_model_dir, alpha=0.2), yaml_path, Path(store.url), False, None, say)
+    f = store.raw_rows("bipa", "bipa_findings")
+    f[0]["estimate"] = 0.5
+    path = store.url + "/bipa/bipa_findings.parquet"
+    table = pq.read_table(path)
+    pq.write_table(type(table).from_pylist(f, schema=table.schema), path)
+    with pytest.raises(CommandError, match=r"VERIFY FAILED: .*bipa_findings.parquet row 0: estimate=0.5"):
+        verify_command(Path(store.url), None, False, None, say)
