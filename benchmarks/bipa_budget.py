@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bipa_budget.py configs/p2-findings.yaml
     .venv/bin/python benchmarks/bipa_budget.py configs/p2-findings.yaml --measured runs/p2-findings-<hash>
+    .venv/bin/python benchmarks/bipa_budget.py configs/p2-findings.yaml --measured RUN --append   # a row to
+                                                               # benchmarks/results/bipa_budget.jsonl
 
 It runs nothing. It counts the episodes the config plans (:func:`tasks.bipa.budget.planned_work`)
 and prices each at the tool-loop episode cost of ``benchmarks/findings_budget.py`` (the P6 rerun's
@@ -30,6 +32,7 @@ def main() -> None:
     ap.add_argument("config")
     ap.add_argument("--quick", action="store_true", help="the config's --quick sizes")
     ap.add_argument("--measured", type=Path, help="a finished run folder of a BiPA findings config")
+    ap.add_argument("--append", action="store_true", help="append the row to benchmarks/results/bipa_budget.jsonl")
     args = ap.parse_args()
     from tasks.bipa.budget import planned_work
     from tasks.bipa.config import load_bipa_config
@@ -46,7 +49,12 @@ def main() -> None:
         rate = timing["seconds"] / eps
         out.update(measured_run=str(args.measured), measured_episodes=eps, measured_s=timing["seconds"],
                    s_per_episode_measured=round(rate, 3), estimate_measured_min=round(w["episodes"] * rate / 60, 1))
-    print(json.dumps(out, indent=2))
+    if args.append:
+        from benchmarks._results import report
+
+        report("bipa_budget", {"kind": "estimate", **out})
+    else:
+        print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
