@@ -44,11 +44,9 @@ def published_rows(store: Any, *, config: str, config_hash: str, commit: str, ke
     """One ``findings.jsonl`` row per ``bipa_findings`` row of a verified run: the finding's fields
     (estimate, interval, level, n, verdict, reason, the placebo as ``control`` with its interval),
     the placebo's gains by set (``placebo``), and ``config``, ``config_hash``, ``commit``,
-    ``key_fingerprint``, ``plan_hash``, ``sealed`` (True), ``wall_s`` and the empty infra maps of
-    :func:`tasks.analysis.infra.row_fields` (the run has no rollout, train or evaluate stage)."""
-    from tasks.analysis.infra import DEFAULT_MAX_INFRA_ERROR_FRACTION, infra_counts, row_fields
-
-    infra = row_fields(infra_counts(store), DEFAULT_MAX_INFRA_ERROR_FRACTION)
+    ``key_fingerprint``, ``plan_hash``, ``sealed`` (True), ``wall_s`` and the infra fields of
+    :func:`infra_fields`."""
+    infra = infra_fields(store)
     plac = next((g for g in store.rows(("bipa", "bipa_gains")) if g["arm"] == "placebo"), None)
     placebo = None if plac is None else {s: plac[f"gain_{s}"] for s in ("selection", "fresh", "test")}
     keep = ("paper", "name", "headline", "measure", "arm", "score_set", "claim", "margin", "estimate", "ci_low",
@@ -62,6 +60,19 @@ def published_rows(store: Any, *, config: str, config_hash: str, commit: str, ke
     return out
 
 
+def infra_fields(store: Any) -> dict[str, Any]:
+    """The infra-error fields of a findings row (:func:`tasks.analysis.infra.row_fields`) for a
+    sealed BiPA run: one stage, ``bipa``, counting its sealed episodes whose status is
+    ``infra_error`` (scored 0 by the run) out of all its sealed episodes; threshold
+    :data:`tasks.analysis.infra.DEFAULT_MAX_INFRA_ERROR_FRACTION`."""
+    from tasks.analysis.infra import DEFAULT_MAX_INFRA_ERROR_FRACTION
+
+    status = [r["status"] for r in store.raw_rows("bipa", "bipa_sealed") if r["kind"] == "episode"]
+    bad = sum(s == "infra_error" for s in status)
+    return {"infra_errors": {"bipa": bad}, "infra_planned": {"bipa": len(status)}, "infra_total": bad,
+            "infra_threshold": DEFAULT_MAX_INFRA_ERROR_FRACTION}
+
+
 def findings(store: Any, cfg: Any, *, config: str, quick: bool, commit: str, freeze_seconds: float | None,
              say: Say) -> tuple[list[dict[str, Any]], list[Path]]:
     """``harnessrl findings`` for a ``harnessrl bipa`` run with ``bipa.findings``: the seal verified
@@ -69,7 +80,9 @@ def findings(store: Any, cfg: Any, *, config: str, quick: bool, commit: str, fre
     and one on the seal. Returns ``(rows, [])``.
 
     Raises:
-        CommandError: exit 1: the seal does not verify; 2: no findings table (not run, or a config
+        CommandError: exit 1: the seal does not verify, or an episode ended ``infra_error`` (the
+            threshold of docs/experiments/findings-rules.md, 0, for the one stage ``bipa``);
+            2: no findings table (not run, or a config
             without ``bipa.findings``), or the tables were made with another config.
     """
     from tasks.bipa.sealed_run import verify_bipa
@@ -82,6 +95,10 @@ def findings(store: Any, cfg: Any, *, config: str, quick: bool, commit: str, fre
     if store.manifest("bipa", "bipa_findings").get("config_hash") != cfg.config_hash():
         raise CommandError(f"NOT THIS RUN: {store.url}: its tables were made with another config than {config} (pass "
                            "the same --set and --quick as the run)", 2)
+    infra = infra_fields(store)
+    if infra["infra_total"] > 0:
+        raise CommandError(f"bipa: {infra['infra_total']} infra error(s) of {infra['infra_planned']['bipa']} episodes, "
+                           "above the findings threshold of 0; fix the cause and rerun in a new run folder", 1)
     try:
         rep = verify_bipa(store)
     except SealError as e:

@@ -227,3 +227,22 @@ def test_verify_and_findings_commands_reach_bipa_through_the_registry(run, tiny_
     pq.write_table(type(table).from_pylist(f, schema=table.schema), path)
     with pytest.raises(CommandError, match=r"VERIFY FAILED: .*bipa_findings.parquet row 0: estimate=0.5"):
         verify_command(Path(store.url), None, False, None, say)
+
+
+def test_findings_refuse_a_run_with_an_infra_error(run, tiny_model_dir, tmp_path):
+    from pathlib import Path
+
+    from flows.check_commands import application_findings
+    from tasks.command import CommandError
+    from tasks.registries.applications import application
+
+    store, _, _ = run()
+    rows = store.raw_rows("bipa", "bipa_sealed")
+    assert application("bipa").findings is not None
+    rows[-1]["status"] = "infra_error"  # a lost episode: the seal breaks too, but the count is checked first
+    path = store.url + "/bipa/bipa_sealed.parquet"
+    table = pq.read_table(path)
+    pq.write_table(type(table).from_pylist(rows, schema=table.schema), path)
+    with pytest.raises(CommandError, match=r"bipa: 1 infra error\(s\) of 144 episodes"):
+        application_findings(application("bipa"), _cfg(tiny_model_dir), tmp_path / "c.yaml", Path(store.url), False,
+                             None, lambda *a: None)
