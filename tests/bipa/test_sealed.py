@@ -246,3 +246,38 @@ def test_findings_refuse_a_run_with_an_infra_error(run, tiny_model_dir, tmp_path
     with pytest.raises(CommandError, match=r"bipa: 1 infra error\(s\) of 144 episodes"):
         application_findings(application("bipa"), _cfg(tiny_model_dir), tmp_path / "c.yaml", Path(store.url), False,
                              None, lambda *a: None)
+
+
+def test_a_rewrite_with_another_parent_or_text_fails_verify(run):
+    """Rows re-chained and the head re-signed with the run's own key (an insider's forgery) still
+    fail where the candidates disagree with the plan or with the decisions the selection rows make."""
+    from tasks.bipa.sealed_run import BIPA_SEAL, verify_bipa
+    from tasks.evaluate.seal import seal_rows
+    from tasks.evaluate.signing import load_or_create_key, sign_head
+
+    store, _, _ = run()
+    rows = store.raw_rows("bipa", "bipa_sealed")
+    path = store.url + "/bipa/bipa_sealed.parquet"
+    table = pq.read_table(path)
+
+    def forge(edit):
+        forged = [{k: v for k, v in r.items() if k not in ("seq", "plan_hash", "prev_hash", "seal_hash")} for r in rows]
+        edit(forged)
+        sealed = seal_rows(forged, rows[0]["plan_hash"])
+        pq.write_table(type(table).from_pylist(sealed, schema=table.schema), path)
+        sign_head(store, BIPA_SEAL, sealed[-1]["seal_hash"], load_or_create_key())
+
+    def reparent(rs):
+        next(r for r in rs if r["name"] == "rewrite-s1-r1")["parent"] = "good"
+
+    forge(reparent)
+    with pytest.raises(SealError, match=r"'rewrite-s1-r1': parent 'good', the selection rows make 'seed'"):
+        verify_bipa(store)
+
+    def swap_placebo(rs):
+        p = next(r for r in rs if r["name"] == "placebo")
+        p["skill"], p["skill_sha256"] = GOOD, sha256_text(GOOD)
+
+    forge(swap_placebo)
+    with pytest.raises(SealError, match=r"where the plan fixes"):
+        verify_bipa(store)
