@@ -479,13 +479,23 @@ def findings(
     lines = [json.dumps(r, sort_keys=True) for r in rows]
     for line in lines:
         typer.echo(line)
+    from flows.findings import P1_CORRELATIONS_FILE, p1_correlation_rows
+    from tasks.evaluate.p1_correlations import markdown_table
+
+    label = f"{cfg.name}-{cfg.config_hash()[:10]}"
+    corr = p1_correlation_rows(store, label, rows[0]["plan_hash"] if rows else None)
+    if corr:  # P1's R^2 and rank correlations over the p1 findings' cells (descriptive, no verdict)
+        typer.echo(markdown_table(corr), nl=False)
     if append is not None:
         with append.open("a") as fh:
             fh.write("".join(line + "\n" for line in lines))
         typer.echo(f"appended {len(lines)} row(s) to {append}")
+        if corr:
+            with (append.parent / P1_CORRELATIONS_FILE).open("a") as fh:
+                fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in corr))
+            typer.echo(f"appended {len(corr)} P1 correlation row(s) to {append.parent / P1_CORRELATIONS_FILE}")
         from flows.findings import arm_rows, copy_figures
 
-        label = f"{cfg.name}-{cfg.config_hash()[:10]}"
         arms = arm_rows(store, cfg, label)
         if arms:
             arms_file = append.parent / ARMS_FILE

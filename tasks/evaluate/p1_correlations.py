@@ -102,7 +102,8 @@ class _Design:
         self.strata = [np.array(v, dtype=np.int64) for _, v in sorted(strata.items())]
 
     def _rate(self, w: np.ndarray, rows: np.ndarray, v: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Per resample and cell the weighted mean of ``v`` over the cell's graded tasks: ``[R, n]``."""
+        """Per resample and cell i the weighted mean of ``v[rows[i]]`` over the cell's graded tasks
+        (``rows``: one (checkpoint, harness) row per cell): ``[R, n]``."""
         num = np.einsum("rt,ct->rc", w, self.mask * g[rows] * v[rows])
         den = np.einsum("rt,ct->rc", w, self.mask * g[rows])
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -115,7 +116,10 @@ class _Design:
         c = self._rate(w, self.base_row, self.vk, self.gk)
         trained = np.empty_like(p_base)
         for i, rows in enumerate(self.member_rows):
-            per = np.stack([self._rate(w, rows[[s]], self.v1, self.g1)[:, 0] for s in range(len(rows))], axis=1)
+            mask = self.mask[i]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                per = np.stack([(w @ (mask * self.g1[r] * self.v1[r])) / (w @ (mask * self.g1[r])) for r in rows],
+                               axis=1)  # [R, S]: each seed checkpoint's pass@1 in cell i (NaN: no graded task)
             trained[:, i] = per.mean(axis=1) if pick is None else \
                 np.take_along_axis(per, pick[self.cell_arm[i]], axis=1).mean(axis=1)
         m = c - p_base
@@ -236,7 +240,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     """:func:`p1_correlation_table` rows as one markdown table (``n/a`` for a missing value, the
     reason in the last column)."""
     head = ("| findings | target | predictor | cells | R^2 [seed-task] [cell] | r [seed-task] | slope "
-            "| rho [seed-task] [cell] | resamples valid | n/a |\n"
+            "| rho [seed-task] [cell] | resamples defined (seed-task, cell) | n/a |\n"
             "| --- | --- | --- | ---: | --- | --- | ---: | --- | ---: | --- |\n")
 
     def iv(lo: float | None, hi: float | None, signed: bool) -> str:
@@ -251,5 +255,5 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {_fmt(r['r'], True)} {iv(r['r_ci_low'], r['r_ci_high'], True)} | {_fmt(r['slope'], True)} "
             f"| {_fmt(r['rho'], True)} {iv(r['rho_ci_low'], r['rho_ci_high'], True)} "
             f"{iv(r['rho_cell_ci_low'], r['rho_cell_ci_high'], True)} "
-            f"| {r['resamples_valid']}/{r['resamples']} | {'; '.join(x for x in (r['na_reason'], r['ci_na_reason']) if x)} |")
+            f"| {r['resamples_valid']}, {r['cell_resamples_valid']} of {r['resamples']} | {'; '.join(x for x in (r['na_reason'], r['ci_na_reason']) if x)} |")
     return head + "\n".join(lines) + "\n"
