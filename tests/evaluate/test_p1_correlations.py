@@ -57,6 +57,8 @@ def test_the_table_by_hand():
     assert r["n_cells"] == 5 and r["na_reason"] == "" and r["findings"] == "p1-gain, p1-return"
     assert r["r"] == pytest.approx(7 / 13) and r["r2"] == pytest.approx(49 / 169) and r["slope"] == pytest.approx(7 / 13)
     assert r["rho"] == pytest.approx(10 / 19)
+    # one seed per arm: the task draws alone make the interval, around the point
+    assert r["r2_ci_low"] < r["r2"] < r["r2_ci_high"] and r["rho_ci_low"] < r["rho"] < r["rho_ci_high"]
     # every other row against scipy
     for target, y in (("gain", GAIN), ("return", RET)):
         for pred, x in (("C", C), ("M", M), ("C_minus_M", C - M)):
