@@ -23,7 +23,7 @@ plan's findings), over ``plan["bootstrap_resamples"]`` resamples:
   which cells were chosen. With ten cells this interval is wide and crude.
 
 A statistic is None with a one-line ``na_reason`` where it is undefined on the data: fewer than
-:data:`tasks.analysis.predictors.MIN_POINTS` cells with graded tasks, or a predictor or target
+:data:`MIN_CELLS` cells with graded tasks, or a predictor or target
 constant over them (range <= ``FLAT_TOL``). A resample where a cell has no graded task drawn or
 a side is constant is left out and counted (``resamples_valid``, ``cell_resamples_valid``);
 with fewer than half the resamples defined the interval is None and ``ci_na_reason`` says why.
@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
-from tasks.analysis.predictors import FLAT_TOL, MIN_POINTS, na_reason
 from tasks.evaluate.findings import p1_cells
 from tasks.evaluate.stats import arm_members, graded_counts, pass_at_k
 from tasks.hashing import seed_from
@@ -44,6 +43,24 @@ from tasks.hashing import seed_from
 TARGETS = ("gain", "return")
 PREDICTORS = ("C", "M", "C_minus_M")
 STATS = ("r2", "r", "rho")
+# the n/a rule of the run report's R^2 table (tasks.analysis.predictors, a layer above this one):
+# fewer cells than this, or a side whose values span no more than FLAT_TOL (rates move in steps of
+# 1 / (tasks x attempts)), and a statistic is not reported
+MIN_CELLS = 5
+FLAT_TOL = 1e-6
+
+
+def na_reason(x: np.ndarray, y: np.ndarray) -> str:
+    """Why the statistics of ``y`` on ``x`` (float64 ``[n]``, the cells with graded tasks) are not
+    reported, or "" when they are: one line naming the count or the constant side."""
+    n = int(x.size)
+    if n < MIN_CELLS:
+        return f"{n} cell(s): a correlation needs >= {MIN_CELLS} (two points always fit a line exactly)"
+    if float(np.ptp(x)) <= FLAT_TOL:
+        return f"predictor constant over the {n} cells (range {float(np.ptp(x)):.2g})"
+    if float(np.ptp(y)) <= FLAT_TOL:
+        return f"target constant over the {n} cells (range {float(np.ptp(y)):.2g})"
+    return ""
 
 
 def correlations(x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
@@ -195,7 +212,7 @@ def p1_correlation_table(rows: list[dict[str, Any]], plan: dict[str, Any], refer
         seeded = any(len(arm_members(plan, c["checkpoint"])) > 1 for c in kept)
         boot: dict[str, np.ndarray] = {}
         valid_cells = np.zeros(resamples, dtype=bool)
-        if len(kept) >= MIN_POINTS:
+        if len(kept) >= MIN_CELLS:
             d = _Design(rows, kept, k, plan, reference)
             w, pick = d.draw(np.random.default_rng(seed), resamples)
             boot = d.metrics(w, pick)
@@ -210,8 +227,7 @@ def p1_correlation_table(rows: list[dict[str, Any]], plan: dict[str, Any], refer
                                        **{f"{s}_cell_ci_{e}": None for s in ("r2", "rho") for e in ("low", "high")},
                                        "interval": "seed-task" if seeded else "task", "resamples": resamples,
                                        "resamples_valid": 0, "cell_resamples_valid": 0, "level": level, "seed": seed,
-                                       "na_reason": na_reason(x, y).replace("point(s)", "cell(s)").replace(
-                                           "points", "cells"), "ci_na_reason": ""}
+                                       "na_reason": na_reason(x, y), "ci_na_reason": ""}
                 if not row["na_reason"]:
                     est = correlations(x[None, :], y[None, :])
                     row.update({s: float(est[s][0]) for s in STATS}, slope=float(est["slope"][0]))
