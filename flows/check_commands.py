@@ -163,9 +163,11 @@ def pipeline_findings(cfg: Any, config_name: str, run_dir: Path | None, quick: b
         CommandError: 2: no such run, another config's run, its plan names no findings; 1: it does
             not verify, or a stage has more infra errors than the findings threshold.
     """
-    from flows.findings import ARMS_FILE, arm_rows, copy_figures, finding_rows
+    from flows.findings import (ARMS_FILE, P1_CORRELATIONS_FILE, arm_rows, copy_figures, finding_rows,
+                                p1_correlation_rows)
     from schemas import ArtifactStore
     from tasks.analysis.infra import InfraThresholdError
+    from tasks.evaluate.p1_correlations import markdown_table
     from tasks.evaluate.plan import evaluate_config_hash
     from tasks.evaluate.seal import SealError
     from tasks.evaluate.verify import NotARunError
@@ -189,9 +191,16 @@ def pipeline_findings(cfg: Any, config_name: str, run_dir: Path | None, quick: b
         raise CommandError(f"NOT VERIFIED: {e}", 2 if "names no findings" in str(e) else 1) from None
     for r in rows:
         say(json.dumps(r, sort_keys=True))
+    label = f"{cfg.name}-{cfg.config_hash()[:10]}"
+    corr = p1_correlation_rows(store, label, rows[0]["plan_hash"] if rows else None)
+    if corr:  # P1's R^2 and rank correlations over the p1 findings' cells (descriptive, no verdict)
+        say(markdown_table(corr).rstrip("\n"))
     if append is not None:
         _append(append, rows, say)
-        label = f"{cfg.name}-{cfg.config_hash()[:10]}"
+        if corr:
+            with (append.parent / P1_CORRELATIONS_FILE).open("a") as fh:
+                fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in corr))
+            say(f"appended {len(corr)} P1 correlation row(s) to {append.parent / P1_CORRELATIONS_FILE}")
         arms = arm_rows(store, cfg, label)
         if arms:
             arms_file = append.parent / ARMS_FILE
