@@ -1,9 +1,10 @@
 """The ``hf`` engine: transformers ``generate`` in this process.
 
-On the CPU or CUDA, weights in ``policy.rollout_dtype`` (a LoRA adapter beside them, unmerged),
-batched with left padding, prompts of similar length together (:func:`plan_batches`). Log-probs are
-read from the processed scores the sampler drew from (temperature, top-k, top-p applied), so they
-equal :func:`tasks.train.logprobs.token_logprobs` on the same weights.
+On the CPU or CUDA, weights in ``policy.rollout_dtype`` (a LoRA adapter beside them, unmerged, by
+forward hooks: :mod:`tasks.rollout.engines.hf_lora`), batched with left padding, prompts of similar
+length together (:func:`plan_batches`). Log-probs are read from the processed scores the sampler
+drew from (temperature, top-k, top-p applied), so they equal
+:func:`tasks.train.logprobs.token_logprobs` on the same weights.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class HFPolicy:
     def __init__(self, model_dir: Path, cfg: PolicyConfig, *, base_model_id: str, adapter_dir: Path | None = None):
         import torch
 
+        from tasks.rollout.engines.hf_lora import hook_lora
         from tasks.rollout.models import contiguous_output_head, load_model_and_tokenizer
 
         if cfg.torch_threads:
@@ -42,6 +44,7 @@ class HFPolicy:
         self.cfg = cfg
         self.model, self.tokenizer = load_model_and_tokenizer(model_dir, cfg.device, cfg.rollout_dtype)
         self.adapter_sha256 = ""
+        self.lora_hooks = None  # the adapter's hooks (hf_lora.LoraHooks) when they run it
         if adapter_dir is not None:
             from peft import PeftModel
 
@@ -50,7 +53,9 @@ class HFPolicy:
             # to the base value; the per-token change of log-prob against float32's has cosine
             # 0.23 merged, 0.41 unmerged). peft keeps the adapter in float32 beside the bf16 base.
             # A small update is only sampled faithfully with rollout_dtype float32.
-            self.model = PeftModel.from_pretrained(self.model, adapter_dir).eval()
+            # The same float32 update by forward hooks, with fewer ops per layer than peft's
+            # (tasks/rollout/engines/hf_lora.py); peft's own path for adapters the hooks do not cover.
+            self.model, self.lora_hooks = hook_lora(PeftModel.from_pretrained(self.model, adapter_dir).eval())
             contiguous_output_head(self.model)  # the frozen base weights: see the function
             self.adapter_sha256 = sha256_dir(adapter_dir)
         self.base_model_id = base_model_id
@@ -69,6 +74,7 @@ class HFPolicy:
         self = cls.__new__(cls)
         self.cfg, self.model, self.tokenizer = cfg, contiguous_output_head(model), tokenizer
         self.adapter_sha256, self.base_model_id, self.policy_id = "", policy_id, policy_id
+        self.lora_hooks = None
         self.eos_id, self.pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
         self.max_model_len = getattr(model.config, "max_position_embeddings", None)
         return self
