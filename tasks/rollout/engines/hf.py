@@ -2,7 +2,8 @@
 
 On the CPU or CUDA, weights in ``policy.rollout_dtype`` (a LoRA adapter beside them, unmerged, by
 forward hooks: :mod:`tasks.rollout.engines.hf_lora`), batched with left padding, prompts of similar
-length together (:func:`plan_batches`). Tokens are drawn by :class:`_Sampler` from the
+length together (:func:`plan_batches`); an episode's later turns start from its earlier turns' keys
+and values (:mod:`tasks.rollout.engines.hf_prefix`). Tokens are drawn by :class:`_Sampler` from the
 processed scores (temperature, top-k, top-p applied), and their log-probs read from the same
 scores, so they equal :func:`tasks.train.logprobs.token_logprobs` on the same weights.
 """
@@ -79,12 +80,20 @@ class HFPolicy:
         self.max_model_len = getattr(model.config, "max_position_embeddings", None)
         return self
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int, *,
+                 states: list[Any] | None = None, keep_states: bool = False) -> list[Generation]:
         """Sample one completion per prompt (token-id lists), returned in the prompts' order.
 
         Prompts run in the batches :func:`plan_batches` cuts (at most ``cfg.batch_size`` rows,
         similar lengths together); batch ``b`` of the plan samples under seed ``seed + b``.
-        Deterministic for a given (weights, prompts, sampling, seed) on the CPU.
+        Deterministic for a given (weights, prompts, sampling, seed, states) on the CPU.
+
+        Args:
+            states: per prompt, the ``Generation.state`` of the same episode's previous turn (or
+                None): a batch whose every prompt extends its state's tokens prefills only the
+                tokens past them (:mod:`tasks.rollout.engines.hf_prefix`).
+            keep_states: return each row's keys and values as ``Generation.state`` for the next
+                turn (None where the batch would keep more than ``hf_prefix.MAX_STATE_BYTES``).
 
         Progress: a row is reported to :func:`tasks.progress.requests_done` at the decoding step
         that samples its EOS, the batch's other rows when the batch ends.
@@ -95,7 +104,9 @@ class HFPolicy:
         plan = plan_batches([len(p) for p in prompts], self.cfg.batch_size, self.cfg.batch_overhead_tokens)
         for b, rows in enumerate(plan):
             stopped = _StoppedRows(max(len(prompts[i]) for i in rows), self.eos_id, requests_done)
-            for i, g in zip(rows, self._generate_batch([prompts[i] for i in rows], sampling, seed + b, stopped)):
+            batch_states = [states[i] for i in rows] if states is not None else None
+            for i, g in zip(rows, self._generate_batch([prompts[i] for i in rows], sampling, seed + b, stopped,
+                                                       batch_states, keep_states)):
                 out[i] = g
             requests_done(len(rows) - stopped.n)
         return [g for g in out if g is not None]
@@ -105,12 +116,14 @@ class HFPolicy:
         engine with a worker or connections stops them here)."""
 
     def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int,
-                        stopped: "_StoppedRows | None" = None) -> list[Generation]:
+                        stopped: "_StoppedRows | None" = None, states: list[Any] | None = None,
+                        keep_states: bool = False) -> list[Generation]:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList
         from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                             TopPLogitsWarper)
 
+        from tasks.rollout.engines import hf_prefix
         from tasks.rollout.kv_cache import reserved_cache
 
         device = self.cfg.device
@@ -149,28 +162,36 @@ class HFPolicy:
         try:
             with torch.inference_mode():
                 ids, attn = ids.to(device), attn.to(device)
-                cache = None
+                cache = reserved = None
                 # a model whose generation config names its own cache (static, ...) keeps it: generate
                 # refuses a cache object beside one
                 if getattr(getattr(self.model, "generation_config", None), "cache_implementation", None) is None:
                     # room for 64 new tokens at first, doubled when full up to the most the batch can need:
                     # a batch whose rows all stop early never holds max_new_tokens positions per row
                     # (1.5 GB for 128 rows x 512 on SmolLM2)
-                    cache = self._shared_prompt_cache(ids, attn, reserved_cache(
-                        self.model.config, width + min(sampling.max_new_tokens, RESERVE_NEW_TOKENS),
-                        limit=width + sampling.max_new_tokens))
+                    reserved = reserved_cache(self.model.config,
+                                              width + min(sampling.max_new_tokens, RESERVE_NEW_TOKENS),
+                                              limit=width + sampling.max_new_tokens)
+                    # the episodes' earlier turns from their states (a reserved cache holds every
+                    # position), else each distinct prompt once
+                    columns = hf_prefix.usable(prompts, states) if reserved is not None else 0
+                    cache = (hf_prefix.fill(reserved, prompts, states, columns) if columns  # type: ignore[arg-type]
+                             else self._shared_prompt_cache(ids, attn, reserved))
                 res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=gen_cfg,
                                           logits_processor=warpers, cache=cache)
+                seqs = res.sequences[:, width:].cpu()
+                rows = [trim_completion(seqs[i].tolist(), [], self.eos_id)[0] for i in range(len(prompts))]
+                kept = (hf_prefix.keep(reserved, prompts, rows, seqs.shape[1]) if keep_states and reserved is not None
+                        else [None] * len(prompts))
         finally:
             self.model.train(was_training)
-        seqs = res.sequences[:, width:].cpu()
         logp_all = sampler.logprobs(seqs)  # [B, T]
-        del res
+        del res, cache, reserved
         gens = []
         for i in range(len(prompts)):
             toks, lps, finish = trim_completion(seqs[i].tolist(), logp_all[i].tolist(), self.eos_id)
             gens.append(Generation(token_ids=toks, logprobs=lps, finish_reason=finish,
-                                   text=self.tokenizer.decode(toks, skip_special_tokens=True)))
+                                   text=self.tokenizer.decode(toks, skip_special_tokens=True), state=kept[i]))
         return gens
 
     def _shared_prompt_cache(self, ids: Any, attn: Any, cache: Any = None) -> Any:
