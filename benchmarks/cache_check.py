@@ -41,13 +41,13 @@ def check_run(run_dir: str) -> dict[str, dict[str, float]]:
     per artifact of the stage (refs from the manifests). Raises AssertionError when one fails (the
     figure would not be the cost of a passing check)."""
     from flows.cache import artifact_problem
-    from flows.status import _manifest_names
+    from flows.status import manifest_names
     from schemas import ArtifactStore
 
     store = ArtifactStore(run_dir)
     out = {}
     for stage in STAGES:
-        refs = [store.ref(stage, n) for n in _manifest_names(store, stage)]
+        refs = [store.ref(stage, n) for n in manifest_names(store, stage)]
         size = sum(int(store.manifest(r.stage, r.name).get("bytes") or os.path.getsize(Path(run_dir) / r.path))
                    for r in refs)
         t0 = time.perf_counter()

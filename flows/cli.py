@@ -455,7 +455,7 @@ def findings(
         typer.secho(f"NOT A RUN: {rd}: no such folder (run it first: harnessrl run -c {config or DEFAULT_CONFIG})",
                     fg="red", err=True)
         raise typer.Exit(2)
-    from tasks.evaluate.stage import evaluate_config_hash
+    from tasks.evaluate.plan import evaluate_config_hash
 
     store = ArtifactStore(rd)
     if store.exists("evaluate/evaluations.manifest.json") and \
@@ -618,18 +618,18 @@ def deploy(
             typer.secho("PREFECT_API_URL is not set: start a server (prefect server start, or infra/compose.yaml) and "
                         "export PREFECT_API_URL=http://HOST:4200/api", fg="red", err=True)
             raise typer.Exit(2)
-    from flows.deploy import load_deployments, register
+    from rich.console import Console
+
+    from flows.deploy import register, summary_table
 
     try:
-        ids = register(file, names or None)
+        rows = register(file, names or None)
     except ValueError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2)
-    pools = sorted({d["work_pool"]["name"] for d in load_deployments(file)})
-    for name, dep_id in ids.items():
-        typer.echo(f"registered {name}  ({dep_id})")
-    typer.echo(f"start a worker:  prefect worker start --pool {pools[0]} --type process")
-    typer.echo(f"run one now:     prefect deployment run '{next(iter(ids))}' -p config=configs/default.yaml")
+    Console(width=max(Console().width, 120)).print(summary_table(rows))
+    typer.echo(f"start a worker:  prefect worker start --pool {rows[0]['work_pool']} --type process")
+    typer.echo(f"run one now:     prefect deployment run '{rows[0]['deployment']}' -p config=configs/default.yaml")
 
 
 @app.command("kl-check")

@@ -14,16 +14,19 @@ from typing import Any
 import yaml
 from prefect import flow
 
+from flows.naming import PIPELINE_FLOW, flow_run_namer
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT = "flows/deploy.py:run_config"
 
 
-@flow(name="harnessrl")
+@flow(name=PIPELINE_FLOW, flow_run_name=flow_run_namer())
 def run_config(config: str = "configs/default.yaml", run_dir: str | None = None, stage: str | None = None,
                from_stage: str | None = None) -> dict[str, Any]:
     """Load the run config at ``config`` (relative paths: from the worker's working directory, the
     checkout) and run the pipeline's stage flows up to ``stage`` (None: all five) into ``run_dir``
-    (None: ``RUN_ROOT/NAME-CONFIGHASH``). Returns ``{stage: {"state", "seconds", "outputs": {name:
+    (None: ``RUN_ROOT/NAME-CONFIGHASH``). The pipeline's flow (:data:`flows.naming.PIPELINE_FLOW`,
+    as ``harnessrl run``'s); its run is named after the config from its start. Returns ``{stage: {"state", "seconds", "outputs": {name:
     sha256}}}``.
 
     Raises:
@@ -76,13 +79,16 @@ def ensure_process_pool(name: str) -> None:
 
 
 def register(path: str | Path = REPO_ROOT / "prefect.yaml", names: list[str] | None = None,
-             source: str | Path = REPO_ROOT) -> dict[str, str]:
+             source: str | Path = REPO_ROOT) -> list[dict[str, str]]:
     """Create or update the deployments of ``path`` (all, or those in ``names``) with code from
-    ``source`` (a local checkout the workers can read), creating their process work pools.
-    Returns ``{"FLOW/DEPLOYMENT": deployment id}``.
+    ``source`` (a local checkout the workers can read), creating their process work pools,
+    without printing (Prefect's ``Flow.deploy`` prints a table per deployment; the caller prints
+    one for all: :func:`summary_table`). Returns one row per deployment, in file order:
+    ``deployment`` (``FLOW/NAME``), ``id``, ``work_pool``, ``schedule`` (each cron with its time
+    zone, ``inactive`` where it is not active; ``none``) and ``parameters`` (``key=value`` lines).
 
     Raises:
-        ValueError: a name in ``names`` is not declared in ``path``.
+        ValueError: a name in ``names`` is not declared in ``path``; a schedule that is not a cron.
         RuntimeError: no Prefect API answers (``PREFECT_API_URL`` unset or unreachable).
     """
     from prefect.schedules import Cron
@@ -92,7 +98,7 @@ def register(path: str | Path = REPO_ROOT / "prefect.yaml", names: list[str] | N
     for n in names or []:
         if n not in known:
             raise ValueError(f"deployment {n!r} is not in {path}; declared: {known}")
-    out = {}
+    out = []
     for d in deps:
         if names and d["name"] not in names:
             continue
@@ -104,8 +110,26 @@ def register(path: str | Path = REPO_ROOT / "prefect.yaml", names: list[str] | N
             if "cron" not in s:
                 raise ValueError(f"{path}: deployment {d['name']!r}: only cron schedules are supported, got {s}")
             schedules.append(Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True)))
-        dep_id = f.deploy(name=d["name"], work_pool_name=pool, parameters=d.get("parameters") or {},
-                          description=d.get("description"), tags=d.get("tags") or [], schedules=schedules or None,
-                          build=False, push=False, print_next_steps=False, ignore_warnings=True)
-        out[f"{f.name}/{d['name']}"] = str(dep_id)
+        params = d.get("parameters") or {}
+        dep = f.to_deployment(name=d["name"], parameters=params, description=d.get("description"),
+                              tags=d.get("tags") or [], schedules=schedules or None, work_pool_name=pool)
+        dep_id = dep.apply(work_pool_name=pool)
+        out.append({"deployment": f"{f.name}/{d['name']}", "id": str(dep_id), "work_pool": pool,
+                    "schedule": ", ".join(f"{c.cron} {c.timezone or 'UTC'}{'' if c.active else ' (inactive)'}"
+                                          for c in schedules) or "none",
+                    "parameters": "\n".join(f"{k}={v}" for k, v in params.items())})
     return out
+
+
+def summary_table(rows: list[dict[str, str]]) -> Any:
+    """One ``rich.table.Table`` of the deployments :func:`register` returned: a row each, with its
+    schedule, parameters and id; the work pools in the caption (fits 120 columns)."""
+    from rich.table import Table
+
+    pools = ", ".join(dict.fromkeys(r["work_pool"] for r in rows))
+    table = Table(title=f"{len(rows)} deployment(s) registered", caption=f"work pool: {pools}")
+    for col in ("deployment", "schedule", "parameters", "id"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        table.add_row(*(r[c] for c in ("deployment", "schedule", "parameters", "id")))
+    return table

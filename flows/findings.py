@@ -23,6 +23,8 @@ FIGURES = ("pass_rate_heatmap", "learning_curves", "learning_vs_step", "ceiling_
 ARMS_FILE = "findings_arms.jsonl"
 # the numbers of a row that come from the run's eval_findings table, compared by verify
 ROW_NUMBERS = ("estimate", "ci_low", "ci_high", "n", "verdict", "control")
+# rule-2 fields (issue 50: the control's interval, training seeds), compared by verify where a row has them
+RULE2_FIELDS = ("control_ci_low", "control_ci_high", "seeds", "single_seed", "interval", "rule")
 # a row's infra-error fields (tasks.analysis.infra.row_fields), compared by verify where a row has them
 INFRA_FIELDS = ("infra_errors", "infra_planned", "infra_total", "infra_threshold")
 # P6: what an arm row carries of each analyze/step_failures row (steps, endings, errors; see tasks.analysis.steps)
@@ -54,7 +56,9 @@ def finding_rows(store: ArtifactStore, *, config: str, config_hash: str, commit:
 
     Fields: ``paper``, ``name``, ``headline``, ``measure``, ``estimate``, ``ci_low``,
     ``ci_high``, ``level`` (the interval's confidence), ``n`` (tasks), ``verdict``, ``reason``,
-    ``control`` (the random-reward control's estimate, None where the finding names no control),
+    ``control`` (the random-reward control's estimate, None where the finding names no control);
+    from a run sealed under verdict rule 2 also :func:`rule2_fields` (``control_ci_low``,
+    ``control_ci_high``, ``seeds``, ``single_seed``, ``interval``, ``rule``);
     ``config`` (the config file), ``config_hash``, ``commit``, ``key_fingerprint`` (the sealed
     evaluation's Ed25519 signing key), ``plan_hash`` (its sealed plan: which run of the config the
     row is), ``wall_s`` (:func:`run_wall_s`) and the infra-error
@@ -78,14 +82,24 @@ def finding_rows(store: ArtifactStore, *, config: str, config_hash: str, commit:
     check_threshold(counts, limit)
     infra = row_fields(counts, limit)
     wall = run_wall_s(store)
+    rule = int(store.read_json("evaluate/plan.json").get("findings_rule", 1))
     rows = []
     for f in store.rows(("evaluate", "eval_findings")):
         rows.append({"paper": f["paper"], "name": f["name"], "headline": f["headline"], "measure": f["measure"],
                      "estimate": f["estimate"], "ci_low": f["ci_low"], "ci_high": f["ci_high"], "level": f["level"],
                      "n": f["n"], "verdict": f["verdict"], "reason": f["reason"], "control": f["control_estimate"],
+                     **(rule2_fields(f, rule) if rule >= 2 else {}),
                      "config": config, "config_hash": config_hash, "commit": commit,
                      "key_fingerprint": rep.fingerprint, "plan_hash": rep.plan_hash, "wall_s": wall, **infra})
     return rows
+
+
+def rule2_fields(f: dict[str, Any], rule: int) -> dict[str, Any]:
+    """A findings row's :data:`RULE2_FIELDS` from an ``eval_findings`` v2 row ``f`` of a plan sealed
+    under verdict ``rule``: the control's interval, ``seeds`` as an object (arm -> training seeds),
+    ``single_seed``, ``interval`` (task, seed-task or cell) and ``rule``."""
+    return {"control_ci_low": f["control_ci_low"], "control_ci_high": f["control_ci_high"],
+            "seeds": json.loads(f["seeds"]), "single_seed": f["single_seed"], "interval": f["interval"], "rule": rule}
 
 
 class Published(NamedTuple):
@@ -108,7 +122,8 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str,
     another machine, say) has the same folder name but another sealed plan: its rows are counted in
     ``other_runs``, not compared. A row that carries infra-error fields (:data:`INFRA_FIELDS`; rows
     published before they existed do not) is also compared with the counts recomputed from the
-    run's artifacts (:func:`tasks.analysis.infra.infra_counts`).
+    run's artifacts (:func:`tasks.analysis.infra.infra_counts`); one that carries the rule-2 fields
+    (:data:`RULE2_FIELDS`) has them compared too.
 
     Raises:
         SealError: a row's number differs from the run's (naming the row, the field and both
@@ -116,6 +131,8 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str,
     """
     ours = {f["name"]: f for f in store.rows(("evaluate", "eval_findings"))} \
         if store.exists("evaluate/eval_findings.parquet") else {}
+    plan = store.read_json("evaluate/plan.json") if store.exists("evaluate/plan.json") else {}
+    rule = int(plan.get("findings_rule", 1))
     infra: dict[str, Any] | None = None
     n = other = 0
     for i, line in enumerate(findings_file.read_text().splitlines(), start=1):
@@ -134,6 +151,12 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str,
         want = {"estimate": f["estimate"], "ci_low": f["ci_low"], "ci_high": f["ci_high"], "n": f["n"],
                 "verdict": f["verdict"], "control": f["control_estimate"]}
         keys: tuple[str, ...] = ROW_NUMBERS
+        if any(k in row for k in RULE2_FIELDS):  # rows of a rule-2 run; older rows have none
+            if rule < 2:
+                raise SealError(f"{findings_file}:{i}: the row carries verdict rule 2's fields, the run's plan was "
+                                f"sealed under rule {rule}")
+            want.update(rule2_fields(f, rule))
+            keys += RULE2_FIELDS
         if any(k in row for k in INFRA_FIELDS):
             if infra is None:
                 from tasks.analysis.infra import infra_counts, row_fields, threshold_of
@@ -176,7 +199,7 @@ def arm_rows(store: ArtifactStore, cfg: Any, run: str) -> list[dict[str, Any]]:
     Raises:
         ArtifactError: an analyze artifact differs from its manifest.
     """
-    from tasks.analysis.stage import arm_spec
+    from tasks.analysis.tables import arm_spec
 
     if not store.exists("analyze/training_stability.manifest.json"):
         return []

@@ -2,7 +2,10 @@
 the config's name and the paper it reproduces, so the Prefect UI's run list says which config
 made which run.
 
-- the top-level flow run: ``<name>-<hash10>`` (:func:`run_label`, the default run folder's name);
+- the pipeline's flow: :data:`PIPELINE_FLOW`, whether the CLI runs it (``harnessrl run``) or a
+  deployment does (``harnessrl deploy``: ``harnessrl/pipeline``, ``harnessrl/freeze``, ...);
+- the top-level flow run: ``<name>-<hash10>`` (:func:`run_label`, the default run folder's name),
+  from its start (the flow's ``flow_run_name``, so every log line of the run says it);
 - a stage subflow run: ``<stage> · <name>-<hash10>``;
 - tags: the config's name and, where the name says it, the paper (:func:`paper_of`).
 """
@@ -13,6 +16,9 @@ import re
 from contextlib import contextmanager
 from pathlib import PurePosixPath
 from typing import Any, Callable, Iterator
+
+# The name of the pipeline's flow, the CLI's (flows.pipeline) and the deployments' (flows.deploy)
+PIPELINE_FLOW = "harnessrl"
 
 # The config-name prefixes of the seed papers' experiments (configs/*.yaml; docs/methods/ numbers them).
 _PAPER_PREFIXES = (("talkmesh", "P3"), ("bipa", "P2"))
@@ -54,8 +60,12 @@ def tagged(cfg: Any) -> Iterator[None]:
 def flow_run_namer(stage: str | None = None) -> Callable[[], str]:
     """A ``flow_run_name`` callable for ``@flow``: Prefect calls it in the new flow run's context,
     where it reads the run's parameters: ``cfg`` (a run config) gives :func:`run_label`, else
-    ``label`` (a string), else the basename of ``run_dir``. With ``stage`` the name is
-    ``<stage> · <label>`` (a stage subflow run), without it the label alone (the top-level run)."""
+    ``config`` (a run config's path, a deployment's parameter) the label of the config loaded from
+    it (a config that does not load: its path's stem; the flow's body then fails naming the
+    error), else ``label`` (a string), else the basename of ``run_dir``. With ``stage`` the name is
+    ``<stage> · <label>`` (a stage subflow run), without it the label alone (the top-level run).
+    Prefect renames a flow run created under another name (a deployment's run, named at random
+    by the scheduler) before the run's first log line."""
 
     def name() -> str:
         from prefect.runtime import flow_run
@@ -63,6 +73,13 @@ def flow_run_namer(stage: str | None = None) -> Callable[[], str]:
         params = flow_run.parameters
         if params.get("cfg") is not None:
             label = run_label(params["cfg"])
+        elif params.get("config"):
+            from tasks.config import ConfigError, load_config
+
+            try:
+                label = run_label(load_config(str(params["config"])))
+            except (ConfigError, OSError, ValueError):
+                label = PurePosixPath(str(params["config"])).stem
         elif params.get("label"):
             label = str(params["label"])
         else:

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.naming import flow_run_namer, run_label
+from flows.naming import PIPELINE_FLOW, flow_run_namer, run_label
 from flows.stages import publish_report, analyze_flow, evaluate_flow, freeze_flow, rollout_flow, train_flow
 from tasks.config import STAGES, RunConfig
 
@@ -24,10 +24,11 @@ def forced(from_stage: str | None) -> dict[str, bool]:
     return {s: j >= i for j, s in enumerate(STAGES)}
 
 
-@flow(name="harnessrl-pipeline", flow_run_name=flow_run_namer())
+@flow(name=PIPELINE_FLOW, flow_run_name=flow_run_namer())
 def pipeline(cfg: RunConfig, run_dir: str, from_stage: str | None = None) -> dict[str, Any]:
     """freeze -> rollout -> train -> evaluate -> analyze, each stage cached by its inputs' content
-    hashes and its config; ``from_stage`` forces that stage and the ones after it."""
+    hashes and its config; ``from_stage`` forces that stage and the ones after it. The flow of
+    ``harnessrl run``; a deployment's runs are of the same flow (:func:`flows.deploy.run_config`)."""
     return chain(cfg, run_dir, from_stage)
 
 

@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger
 
 from flows.common import call_stage, stage_task
 from flows.naming import flow_run_namer
-from tasks.analysis.report import md_cell
+from tasks.analysis.ui_tables import ui_rows
 from schemas import ArtifactRef, ArtifactStore
 from tasks.analysis.stage import run_analyze
 from tasks.config import RunConfig
@@ -129,8 +129,9 @@ MAX_INLINE_PNG = 1024 * 1024
 
 @flow(name="report-tables", flow_run_name=flow_run_namer("report-tables"))
 def report_tables_flow(run_dir: str, report_link: str | None = None, label: str | None = None) -> list[str]:
-    """The analysis tables as table artifacts (``harnessrl-<table>``; the Prefect UI renders a
-    string cell as Markdown, so each is escaped with :func:`tasks.analysis.report.md_cell`: the
+    """The analysis tables as table artifacts (``harnessrl-<table>``, each as
+    :func:`tasks.analysis.ui_tables.ui_rows` lays it out: key columns first, numbers rounded,
+    nothing blank; the Prefect UI renders a string cell as Markdown, so each is escaped: the
     ``*`` of an aggregate row is a star, not a bullet) and, when ``report_link``
     is given, a link artifact to it (``harnessrl-report-file``), in a subflow run of their own so
     the calling flow run's artifacts tab holds the report alone (the Prefect UI does not order a
@@ -146,8 +147,7 @@ def report_tables_flow(run_dir: str, report_link: str | None = None, label: str 
         if store.exists(f"{stage}/{name}.parquet"):
             rows = store.rows((stage, name))
             if rows:
-                cells = [{k: md_cell(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
-                create_table_artifact(table=cells, key=f"harnessrl-{suffix}", description=desc)
+                create_table_artifact(table=ui_rows(name, rows), key=f"harnessrl-{suffix}", description=desc)
                 keys.append(f"harnessrl-{suffix}")
     if report_link is not None:
         create_link_artifact(key="harnessrl-report-file", link=report_link, link_text="the run's report",

@@ -70,7 +70,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _manifest_names(store: ArtifactStore, stage: str) -> list[str]:
+def manifest_names(store: ArtifactStore, stage: str) -> list[str]:
+    """The names of ``stage``'s artifacts in ``store`` (those with a manifest), sorted; [] when the
+    stage's folder does not exist."""
     base = f"{store.root.rstrip('/')}/{stage}"
     if not store.fs.exists(base):
         return []
@@ -82,7 +84,7 @@ def stage_status(store: ArtifactStore, stage: str) -> StageStatus:
     """The :class:`StageStatus` of ``stage`` in ``store`` (reads every artifact once to hash it)."""
     record = store.read_json(f"{STATE_DIR}/{stage}.json") if store.exists(f"{STATE_DIR}/{stage}.json") else None
     arts = []
-    for name in _manifest_names(store, stage):
+    for name in manifest_names(store, stage):
         m = store.manifest(stage, name)
         rel = f"{stage}/{name}.parquet"
         if not store.exists(rel):

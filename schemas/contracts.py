@@ -12,12 +12,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from tasks.registries import KL_ESTIMATORS, PLACEMENTS  # pure Python, rank 0 like schemas (no torch)
+
 # An expectation: (kind, column, *args). Kinds: not_null, unique, between(min, max), in_set(values),
-# compound_unique(columns...) (the column slot holds a tuple of column names).
+# compound_unique(columns...) (the column slot holds a tuple of column names). An in_set's values
+# may be a registry (tasks.registries): the names registered when an artifact is checked.
 Expectation = tuple[Any, ...]
 
 STATUS_EPISODE = ["ok", "infra_error", "timeout"]
-# tasks.rollout.harness.STOP_REASONS (schemas import nothing from tasks)
+# tasks.rollout.harness.STOP_REASONS (schemas import nothing from tasks above rank 0: tests/test_import_graph.py)
 STOP_REASONS = ["infra_error", "timeout", "max_tokens", "format_error", "max_turns", "submitted"]
 STATUS_EVAL = ["resolved", "unresolved", "infra_error", "timeout"]
 SPLITS = ["train", "test"]
@@ -26,6 +29,9 @@ SPLITS = ["train", "test"]
 @dataclass(frozen=True)
 class Contract:
     """An artifact's contract. ``schema`` is exact: same names, order and types.
+
+    ``older``: schemas of earlier versions that are still read (a column added later: the old
+    files stay readable; readers use ``row.get`` for the new columns).
 
     ``may_be_empty``: whether an artifact with no rows is valid. When it is not, writing one fails
     (:func:`schemas.validation.check_rows`) with ``empty_cause``, the likely cause, in the message:
@@ -41,6 +47,21 @@ class Contract:
     description: str = ""
     may_be_empty: bool = True
     empty_cause: str = ""
+    # earlier versions still read (version -> its schema; the same expectations): a run written
+    # before a column was added stays readable by the code that added it
+    older: dict[int, pa.Schema] = field(default_factory=dict)
+
+    def at_version(self, version: int) -> "Contract":
+        """This contract as it was at ``version`` (itself, or an :attr:`older` schema).
+
+        Raises:
+            KeyError: a version that is neither the current one nor one of :attr:`older`.
+        """
+        if version == self.version:
+            return self
+        from dataclasses import replace
+
+        return replace(self, version=version, schema=self.older[version], older={})
 
     def __post_init__(self) -> None:
         if not self.may_be_empty and not self.empty_cause:
@@ -388,69 +409,96 @@ EVAL_CELLS = _register(
     )
 )
 
+# eval_contrasts v1: the columns before training seeds (issue 50)
+_CONTRAST_V1 = (
+    ("name", pa.string()),
+    ("a_checkpoint", pa.string()),
+    ("a_harness", pa.string()),
+    ("b_checkpoint", pa.string()),
+    ("b_harness", pa.string()),
+    ("held_out", pa.bool_()),
+    ("status", pa.string()),
+    ("n_tasks", pa.int32()),
+    ("a_mean", pa.float64()),
+    ("b_mean", pa.float64()),
+    ("estimate", pa.float64()),
+    ("ci_low", pa.float64()),
+    ("ci_high", pa.float64()),
+    ("p_value", pa.float64()),
+    ("p_bonferroni", pa.float64()),
+    ("alpha", pa.float64()),
+    ("m_contrasts", pa.int32()),
+    ("sd_diff", pa.float64()),
+    ("mdd", pa.float64()),
+    ("power", pa.float64()),
+    ("resamples", pa.int64()),
+    ("seed", pa.int64()),
+)
+
 EVAL_CONTRASTS = _register(
     Contract(
         "eval_contrasts",
-        1,
+        2,
         _s(
-            ("name", pa.string()),
-            ("a_checkpoint", pa.string()),
-            ("a_harness", pa.string()),
-            ("b_checkpoint", pa.string()),
-            ("b_harness", pa.string()),
-            ("held_out", pa.bool_()),
-            ("status", pa.string()),
-            ("n_tasks", pa.int32()),
-            ("a_mean", pa.float64()),
-            ("b_mean", pa.float64()),
-            ("estimate", pa.float64()),
-            ("ci_low", pa.float64()),
-            ("ci_high", pa.float64()),
-            ("p_value", pa.float64()),
-            ("p_bonferroni", pa.float64()),
-            ("alpha", pa.float64()),
-            ("m_contrasts", pa.int32()),
-            ("sd_diff", pa.float64()),
-            ("mdd", pa.float64()),
-            ("power", pa.float64()),
-            ("resamples", pa.int64()),
-            ("seed", pa.int64()),
+            *_CONTRAST_V1,
+            ("a_seeds", pa.int32()),
+            ("b_seeds", pa.int32()),
+            ("interval", pa.string()),
         ),
         [("unique", "name"), ("in_set", "status", ["ok", "cell_not_counted", "no_common_tasks"])],
         "A pre-registered contrast a - b of per-task success rates on the tasks both arms graded: task-clustered "
         "paired bootstrap percentile CI at Bonferroni-adjusted level alpha/m, bootstrap p-value (x m, capped at "
-        "1), and the minimum detectable difference at the given power (paired normal approximation).",
+        "1), and the minimum detectable difference at the given power (paired normal approximation). v2: a side "
+        "naming an arm trained under several seeds is the mean over its seed checkpoints, its interval the "
+        "seed-then-task bootstrap (interval 'seed-task', mdd null); a_seeds / b_seeds count each side's training "
+        "runs (0: base).",
+        older={1: _s(*_CONTRAST_V1)},
         may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )
+)
+
+# eval_findings v1: the columns before training seeds and the control's interval (issue 50)
+_FINDINGS_V1 = (
+    ("name", pa.string()),
+    ("paper", pa.string()),
+    ("headline", pa.string()),
+    ("measure", pa.string()),
+    ("claim", pa.string()),
+    ("margin", pa.float64()),
+    ("contrast", pa.string()),
+    ("control", pa.string()),
+    ("estimate", pa.float64()),
+    ("ci_low", pa.float64()),
+    ("ci_high", pa.float64()),
+    ("n", pa.int64()),
+    ("control_estimate", pa.float64()),
+    ("level", pa.float64()),
+    ("seed", pa.int64()),
+    ("verdict", pa.string()),
+    ("reason", pa.string()),
 )
 
 EVAL_FINDINGS = _register(
     Contract(
         "eval_findings",
-        1,
+        2,
         _s(
-            ("name", pa.string()),
-            ("paper", pa.string()),
-            ("headline", pa.string()),
-            ("measure", pa.string()),
-            ("claim", pa.string()),
-            ("margin", pa.float64()),
-            ("contrast", pa.string()),
-            ("control", pa.string()),
-            ("estimate", pa.float64()),
-            ("ci_low", pa.float64()),
-            ("ci_high", pa.float64()),
-            ("n", pa.int64()),
-            ("control_estimate", pa.float64()),
-            ("level", pa.float64()),
-            ("seed", pa.int64()),
-            ("verdict", pa.string()),
-            ("reason", pa.string()),
+            *_FINDINGS_V1,
+            ("control_ci_low", pa.float64()),
+            ("control_ci_high", pa.float64()),
+            ("seeds", pa.string()),
+            ("single_seed", pa.bool_()),
+            ("interval", pa.string()),
         ),
         [("unique", "name"), ("in_set", "verdict", ["reproduced", "not reproduced", "inconclusive"])],
         "The papers' headlines this run tests (evaluate.findings, sealed in the plan): the measure's estimate "
         "and interval at `level`, n tasks, the random-reward control's estimate where one is named, and the "
-        "verdict by the pre-registered rule (tasks.evaluate.findings.verdict, docs/experiments/findings-rules.md).",
+        "verdict by the pre-registered rule (tasks.evaluate.findings.verdict, docs/experiments/findings-rules.md). "
+        "v2 (verdict rule 2): the control's interval; seeds, a JSON object of each trained arm the finding covers "
+        "and its training seeds; single_seed, a recipe comparison (two or more trained arms) with an arm of one "
+        "seed, which the rule never calls reproduced; interval, how the interval was drawn (task, seed-task, "
+        "cell).",
+        older={1: _s(*_FINDINGS_V1)},
     )
 )
 
@@ -785,8 +833,8 @@ KL_CHECK = _register(
             ("paper_unbiased", pa.bool_()),
             ("agrees_with_paper", pa.bool_()),
         ),
-        [("unique", "configuration"), ("in_set", "estimator", ["k1", "k2", "k3"]),
-         ("in_set", "placement", ["reward", "loss", "both"]), ("not_null", "bias_norm")],
+        [("unique", "configuration"), ("in_set", "estimator", KL_ESTIMATORS),
+         ("in_set", "placement", PLACEMENTS), ("not_null", "bias_norm")],
         "P5's table by enumeration: each (estimator, placement) configuration's gradient bias.",
         may_be_empty=True,  # an analysis table: empty where its analysis has nothing to report
     )

@@ -371,8 +371,10 @@ class ArtifactStore:
         c = get_contract(contract or ref.contract or ref.name)
         meta = table.schema.metadata or {}
         version = int(meta.get(b"harnessrl.version", b"0"))
-        if version != c.version:
-            raise ArtifactError(f"{ref.path}: contract {c.name} version {version} on disk, code expects {c.version}")
+        if version != c.version and version not in c.older:
+            raise ArtifactError(f"{ref.path}: contract {c.name} version {version} on disk, code expects {c.version}"
+                                + (f" (or {sorted(c.older)})" if c.older else ""))
+        c = c.at_version(version)  # an earlier version still read: its own schema
         try:
             check_schema(c, table)
             check_expectations(c, table)

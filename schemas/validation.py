@@ -32,22 +32,30 @@ def _gx_batch_definition() -> Any:
     return asset.add_batch_definition_whole_dataframe("whole")
 
 
-_SUITES: dict[tuple[str, int], Any] = {}
+_SUITES: dict[tuple[str, int, str], Any] = {}
+
+
+def _resolved(contract: Contract) -> list[tuple[Any, ...]]:
+    """The contract's expectations with each ``in_set``'s values read now, as a tuple (a
+    registry's values are the names registered at this moment)."""
+    return [(kind, col, tuple(args[0])) if kind == "in_set" else (kind, col, *args)
+            for kind, col, *args in contract.expectations]
 
 
 def _suite(contract: Contract) -> Any:
-    key = (contract.name, contract.version)
+    expectations = _resolved(contract)
+    key = (contract.name, contract.version, repr(expectations))  # a registry grown since: another suite
     if key not in _SUITES:
-        _SUITES[key] = _build_suite(contract)
+        _SUITES[key] = _build_suite(contract, expectations)
     return _SUITES[key]
 
 
-def _build_suite(contract: Contract) -> Any:
+def _build_suite(contract: Contract, expectations: list[tuple[Any, ...]]) -> Any:
     import great_expectations as gx
     import great_expectations.expectations as gxe
 
     suite = gx.ExpectationSuite(name=f"{contract.name}.v{contract.version}")
-    for exp in contract.expectations:
+    for exp in expectations:
         kind, col, *args = exp
         if kind == "not_null":
             e = gxe.ExpectColumnValuesToNotBeNull(column=col)

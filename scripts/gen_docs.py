@@ -50,6 +50,15 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
+def _field_type(field: Any) -> str:
+    """:func:`_type_name` of the field's annotation; for a field whose values are a registry's names
+    (``tasks.registries.OneOf``), the names registered now, as a Literal would show them."""
+    from tasks.registries import OneOf
+
+    one_of = next((m for m in field.metadata if isinstance(m, OneOf)), None)
+    return " | ".join(repr(n) for n in one_of.registry) if one_of else _type_name(field.annotation)
+
+
 def _models_in(tp: Any, in_list: bool = False) -> list[tuple[type[BaseModel], bool]]:
     """The pydantic models a field's annotation holds (directly, in a list, or in an Optional),
     each with whether it sits in a list."""
@@ -109,7 +118,7 @@ def model_sections(model: type[BaseModel], prefix: str, level: int = 2,
     nested = []
     for name, field in model.model_fields.items():
         key = f"{prefix}.{name}" if prefix else name
-        lines.append(f"| `{key}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} | "
+        lines.append(f"| `{key}` | {_cell(_field_type(field))} | {_cell(_default(field))} | "
                      f"{_cell(_constraints(field))} |")
         for sub, in_list in _models_in(field.annotation):
             nested.append((f"{key}[]" if in_list else key, sub))
@@ -301,6 +310,27 @@ def _infra_cell(row: dict) -> str:
     return ", ".join(f"{s} {n}/{planned.get(s, '?')}" for s, n in errs.items() if n)
 
 
+def _control_cell(row: dict) -> str:
+    """A findings row's control: its estimate, with its interval where the row carries one (rule
+    2; ``n/a`` when the control had none); empty where the finding names no control."""
+    if row.get("control") is None:
+        return ""
+    if "control_ci_low" not in row:
+        return f"{row['control']:+.3f}"
+    lo, hi = row["control_ci_low"], row["control_ci_high"]
+    return f"{row['control']:+.3f} " + ("[n/a]" if lo is None else f"[{lo:+.3f}, {hi:+.3f}]")
+
+
+def _seeds_cell(row: dict) -> str:
+    """Each trained arm of a findings row with its training seeds (``gspo 3, grpo 3``); ``none``
+    for a finding over untrained checkpoints only; ``not recorded`` for a row published before
+    rows carried ``seeds``."""
+    seeds = row.get("seeds")
+    if seeds is None:
+        return "not recorded"
+    return ", ".join(f"{arm} {n}" for arm, n in seeds.items()) or "none"
+
+
 def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img" / "findings") -> str:
     """The findings table: one row per tested headline, newest first, from ``findings.jsonl``."""
     f = results / "findings.jsonl"
@@ -333,15 +363,22 @@ def findings_page(results: Path = RESULTS, figures: Path = ROOT / "docs" / "img"
               "errors* column counts them per stage of the run (rollout, online training, the evaluation's final "
               "attempts: [the threshold](experiments/findings-rules.md#infra-errors)); *not recorded*: a row "
               "published before rows carried the count.", "",
-              "| paper | headline | measure | estimate | interval | n | control | verdict | config | commit | wall (s) "
-              "| infra errors |",
-              "| --- | --- | --- | ---: | --- | ---: | ---: | --- | --- | --- | ---: | --- |"]
+              "The *control* column is the random-reward control's estimate and, in rows decided by [rule 2]"
+              "(experiments/findings-rules.md#the-verdict-rule), its interval; *seeds* counts each trained arm's "
+              "training runs (*not recorded*: a row published before rows carried them, each arm trained once); a "
+              "verdict marked *single seed* is a recipe comparison with an arm trained once, which rule 2 never "
+              "calls reproduced.", "",
+              "| paper | headline | measure | estimate | interval | n | control | seeds | verdict | config | commit "
+              "| wall (s) | infra errors |",
+              "| --- | --- | --- | ---: | --- | ---: | ---: | --- | --- | --- | --- | ---: | --- |"]
     for r in rows[::-1]:
         iv = "n/a" if r.get("ci_low") is None else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
         lines.append("| " + " | ".join(_cell(str(x)) for x in [
             r["paper"], r["headline"], r["measure"], "n/a" if r.get("estimate") is None else f"{r['estimate']:+.3f}",
-            iv, r["n"], "" if r.get("control") is None else f"{r['control']:+.3f}", f"**{r['verdict']}**" + (" (not sealed)" if r.get("sealed") is False else "")
-            + (" (fallback-graded)" if r.get("grading") == "last_number_fallback" else ""),
+            iv, r["n"], _control_cell(r), _seeds_cell(r), f"**{r['verdict']}**"
+            + (" (not sealed)" if r.get("sealed") is False else "")
+            + (" (fallback-graded)" if r.get("grading") == "last_number_fallback" else "")
+            + (" (single seed)" if r.get("single_seed") else ""),
             f"`{r['config']}`", f"`{str(r['commit'])[:12]}`", "" if r.get("wall_s") is None else f"{r['wall_s']:.0f}",
             _infra_cell(r),
         ]) + " |")

@@ -144,7 +144,18 @@ def test_the_findings_page_shows_each_published_row_and_the_run_figures(tmp_path
     figs.mkdir()
     (figs / "p4-findings-abababab--pass_rate_heatmap.png").write_bytes(b"png")
     page = findings_page(tmp_path, figs)
-    assert "| P4 | A \\| B | contrast | +0.123 | [-0.020, +0.250] | 120 | +0.010 | **inconclusive** |" in page
+    assert "| P4 | A \\| B | contrast | +0.123 | [-0.020, +0.250] | 120 | +0.010 | not recorded | **inconclusive** |" \
+        in page  # a row published before rows carried seeds and the control's interval
+    # a rule-2 row: the control's interval, the seeds, and a single-seed recipe comparison marked
+    rule2 = {**row, "control_ci_low": -0.031, "control_ci_high": 0.052, "seeds": {"gspo": 1, "grpo": 1},
+             "single_seed": True, "interval": "task", "rule": 2}
+    (tmp_path / "findings.jsonl").write_text(json.dumps(rule2) + "\n")
+    assert "| 120 | +0.010 [-0.031, +0.052] | gspo 1, grpo 1 | **inconclusive** (single seed) |" in \
+        findings_page(tmp_path, figs)
+    (tmp_path / "findings.jsonl").write_text(json.dumps({**rule2, "control_ci_low": None, "control_ci_high": None,
+                                                         "seeds": {"gspo": 3, "grpo": 3}, "single_seed": False})
+                                             + "\n")
+    assert "| +0.010 [n/a] | gspo 3, grpo 3 | **inconclusive** |" in findings_page(tmp_path, figs)
     assert "`0123456789ab` | 5400 | not recorded |" in page  # published before rows carried infra counts
     infra = {"infra_errors": {"rollout": 3, "train": 0, "evaluate": 0},
              "infra_planned": {"rollout": 640, "train": 0, "evaluate": 800}, "infra_total": 3, "infra_threshold": 0.01}

@@ -7,7 +7,7 @@ The layers, lowest first (a module may import its own layer and those below it):
 
 | rank | packages |
 | --- | --- |
-| 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``) |
+| 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``), the registries of what people add to the trainer (``tasks.registries``) |
 | 1 | ``tasks.harnesses`` |
 | 2 | ``tasks.config`` |
 | 3 | ``tasks.rollout``, ``tasks.records`` (one rank, see below) |
@@ -32,7 +32,7 @@ CORES = ("tasks.records", "tasks.rollout", "tasks.train", "tasks.evaluate", "tas
          "tasks.config", "schemas")
 APPLICATIONS = ("tasks.talkmesh", "tasks.bipa")
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("schemas", "tasks.hashing", "tasks.progress", "tasks.yamlfile"),
+    ("schemas", "tasks.hashing", "tasks.progress", "tasks.yamlfile", "tasks.registries"),
     ("tasks.harnesses",),
     ("tasks.config",),
     ("tasks.rollout", "tasks.records"),

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.evaluate.stats import GRADED, _per_task, final_attempts, mean, pass_at_k
+from tasks.evaluate.stats import GRADED, attempts_by_cell_and_task, final_attempts, mean, pass_at_k
 
 EVAL_COLUMNS = ("checkpoint", "harness_name", "record_id", "task_id", "attempt", "retry", "status")
 _STATUSES = frozenset(GRADED) | {"infra_error"}
@@ -149,7 +149,7 @@ def task_outcomes(evaluations: list[dict[str, Any]]) -> dict[tuple[str, str], di
     """
     check_evaluation_rows(evaluations)
     out: dict[tuple[str, str], dict[str, tuple[int, int, int]]] = {}
-    for cell, tasks in _per_task(final_attempts(evaluations)).items():
+    for cell, tasks in attempts_by_cell_and_task(final_attempts(evaluations)).items():
         out[cell] = {}
         for t, rs in tasks.items():
             graded = [r for r in rs if r["status"] in GRADED]

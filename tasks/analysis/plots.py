@@ -28,6 +28,15 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
+def _step_axis(ax: Any, label: str = "step") -> None:
+    """An x axis of optimizer steps: labelled, ticks on whole steps only (2 steps: 1 and 2, not
+    1.0, 1.2, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _finite(x: Any) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
@@ -59,7 +68,7 @@ def learning_curves(steps: list[dict[str, Any]]) -> bytes | None:
         if not drawn:
             ax.text(0.5, 0.5, "n/a: not measured in any arm\n(the KL is computed only when beta > 0)"
                     if col == "kl" else "n/a: no finite value", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel("step")
+        _step_axis(ax)
         ax.set_title(label)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -84,7 +93,7 @@ def learning_vs_step(curve: list[dict[str, Any]], steps: list[dict[str, Any]]) -
     for arm, rs in sorted(by_arm.items()):
         rs = sorted(rs, key=lambda r: r["step"])
         ax0.plot([r["step"] for r in rs], [r["reward_mean"] for r in rs], label=arm, alpha=0.8)
-    ax0.set_xlabel("optimizer step")
+    _step_axis(ax0, "optimizer step")
     ax0.set_title("training reward (mean over the step's samples)")
     ax0.grid(alpha=0.3)
     if by_arm:
@@ -98,7 +107,7 @@ def learning_vs_step(curve: list[dict[str, Any]], steps: list[dict[str, Any]]) -
         y = [r["pass_at_1"] for r in rs]
         err = [[max(r["pass_at_1"] - r["ci_low"], 0.0) for r in rs], [max(r["ci_high"] - r["pass_at_1"], 0.0) for r in rs]]
         ax1.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{arm} / {h}")
-    ax1.set_xlabel("optimizer step")
+    _step_axis(ax1, "optimizer step")
     ax1.set_ylim(0.0, 1.0)
     ax1.set_title("sealed held-out pass@1 (95% bootstrap CI)")
     ax1.grid(alpha=0.3)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import base64
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -79,10 +82,18 @@ _PREDICTOR_NAMES = {"C": "C", "C_kl_soft": "C_soft", "M": "M", "M_step": "M_step
                     "C_minus_M_step": "C - M_step"}
 
 
-def _f(x: Any, fmt: str = ".3f") -> str:
+def _f(x: Any, fmt: str = ".3f", why: str = "") -> str:
+    """``x`` formatted; a missing number (None, NaN): ``n/a``, or :func:`na` of ``why`` when given."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
+        return na(why) if why else "n/a"
     return format(x, fmt)
+
+
+def _interval(lo: Any, hi: Any, why: str, fmt: str = ".3f") -> str:
+    """``[lo, hi]``, or :func:`na` of ``why`` when either end is missing."""
+    if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in (lo, hi)):
+        return na(why)
+    return f"[{format(lo, fmt)}, {format(hi, fmt)}]"
 
 
 # What fits the Prefect UI's artifact column in a 1400 px window (~840 px of text): a table wider
@@ -96,20 +107,55 @@ def _col_px(cells: list[str]) -> float:
     return 8.5 * max(len(c) for c in cells) + 26.0
 
 
+_NA_REASON = re.compile(r"^n/a \((.+)\)$", re.S)
+# the notes of the report being rendered (text -> number), shared by its tables (:func:`report_notes`)
+_NOTES: ContextVar[dict[str, int] | None] = ContextVar("harnessrl_report_notes", default=None)
+
+
+@contextmanager
+def report_notes() -> Iterator[dict[str, int]]:
+    """One numbering of the table notes for every table rendered inside (the report and any
+    section appended to it): a note text gets one number, printed once, under the first table
+    that uses it; a later table that uses it again refers to it. Nested: the outer numbering."""
+    notes = _NOTES.get()
+    if notes is not None:
+        yield notes
+        return
+    token = _NOTES.set({})
+    try:
+        yield _NOTES.get() or {}
+    finally:
+        _NOTES.reset(token)
+
+
+def na(reason: str) -> str:
+    """The cell of a value undefined on the data: ``n/a (<reason>)`` (:func:`_table` writes a long
+    one as ``n/a [k]`` with the reason in note ``k``)."""
+    return f"n/a ({reason})"
+
+
 def _table(header: list[str], rows: list[list[str]], align: str | None = None, *, keep: int) -> list[str]:
     """A Markdown table (lines) readable at 1400 px: cells longer than :data:`LONG_CELL` become
-    ``[n]`` with the text in a note below; when the estimated width exceeds
+    ``[n]`` with the text in a note below (an ``n/a (<reason>)`` cell: ``n/a [n]``, the reason in
+    the note; inside :func:`report_notes`, a note already printed under an earlier table is
+    referred to, not printed again); when the estimated width exceeds
     :data:`TABLE_BUDGET_PX` the columns after the first ``keep`` (the row's key: every column
     that tells one row from another, e.g. arm and step) are split into consecutive tables that
     each repeat the key. ``align``: one ``l``/``r`` per column. ``keep`` has no default: a
     table that names too few key columns loses its keys in the second group."""
     align = align or "l" + "r" * (len(header) - 1)
-    notes: dict[str, int] = {}
+    shared = _NOTES.get()
+    notes: dict[str, int] = shared if shared is not None else {}
+    printed = len(notes)  # the notes numbered up to this one are under an earlier table
+    used: dict[str, int] = {}
 
     def short(c: str) -> str:
         if len(c) <= LONG_CELL:
             return c
-        return Md(f"[{notes.setdefault(c, len(notes) + 1)}]")
+        m = _NA_REASON.match(c)
+        text = m.group(1) if m else c
+        n = used[text] = notes.setdefault(text, len(notes) + 1)
+        return Md(f"n/a [{n}]" if m else f"[{n}]")
 
     def md(c: str) -> str:
         return c if isinstance(c, Md) else md_cell(c)
@@ -134,9 +180,12 @@ def _table(header: list[str], rows: list[list[str]], align: str | None = None, *
             out.append("")
         out += ["| " + " | ".join(md(header[i]) for i in cols) + " |", "| " + " | ".join(sep) + " |"]
         out += ["| " + " | ".join(md(r[i]) for i in cols) + " |" for r in body]
-    if notes:
+    if used:
         out.append("")
-        out += [f"[{n}] {md(text)}  " for text, n in notes.items()]
+        out += [f"[{n}] {md(text)}  " for text, n in sorted(used.items(), key=lambda x: x[1]) if n > printed]
+        above = sorted(n for n in used.values() if n <= printed)
+        if above:
+            out.append(", ".join(f"[{n}]" for n in above) + ": see the note above  ")
     return out
 
 
@@ -186,7 +235,7 @@ def infra_section(counts: dict[str, dict[str, Any]]) -> list[str]:
     rows = []
     for stage, c in counts.items():
         rows.append([stage, f"{c['planned']} {UNITS[stage].split()[-1]}", str(c["infra_errors"]),
-                     _f(c["infra_errors"] / c["planned"]) if c["planned"] else "n/a",
+                     _f(c["infra_errors"] / c["planned"]) if c["planned"] else na("none planned"),
                      str(c["retries"]) if stage == "evaluate" else "none"])
     out = ["## Infra errors", "",
            "Attempts the infrastructure lost (a sandbox that did not start, an exec server that died). A rollout "
@@ -211,7 +260,14 @@ def _figure(inp: ReportInputs, name: str, caption: str) -> list[str]:
 
 
 def render_report(inp: ReportInputs) -> str:
-    """The report as Markdown (a ``str``; sections appear only for the analyses that ran)."""
+    """The report as Markdown (a ``str``; sections appear only for the analyses that ran). Its
+    tables number their notes as one (:func:`report_notes`; a section appended to the report is
+    rendered inside the same ``with report_notes()`` to continue the numbering)."""
+    with report_notes():
+        return _render(inp)
+
+
+def _render(inp: ReportInputs) -> str:
     out = [f"# harnessrl run `{inp.run_name}`", "", f"config hash `{inp.config_hash[:16]}`, model `{inp.model}`", ""]
     out += infra_section(inp.infra)
     eps = inp.episodes
@@ -222,7 +278,7 @@ def render_report(inp: ReportInputs) -> str:
         parsed = [e for e in es if e["answer_parsed"]]
         rows.append([h, str(len(es)), _f(sum(e["reward"] for e in es) / len(es)),
                      _f(sum(e["success"] for e in es) / len(es)), _f(len(parsed) / len(es)),
-                     _f(sum(e["success"] for e in parsed) / len(parsed)) if parsed else "n/a",
+                     _f(sum(e["success"] for e in parsed) / len(parsed)) if parsed else na("no answer parsed"),
                      _f(sum(e["num_turns"] for e in es) / len(es), ".2f")])
     out += _table(["harness", "episodes", "mean reward", "pass@1", "parse rate", "accuracy given parsed",
                    "mean turns"], rows, keep=1) + [""]
@@ -232,9 +288,11 @@ def render_report(inp: ReportInputs) -> str:
     rows = []
     for s in inp.train_steps:
         arm = s.get("arm") or "final"
-        rows.append([arm, str(s["step"]), _f(s["reward_mean"]), _f(s["loss"], ".4f"), _f(s["kl"], ".5f"),
-                     _f(s["entropy"]), _f(s["clip_frac"]), _f(s["zero_adv_frac"]), _f(s["grad_norm"]),
-                     _f(tps.get((arm, s["step"])), ".0f")])
+        nc = "not computed at this step"
+        rows.append([arm, str(s["step"]), _f(s["reward_mean"], why=nc), _f(s["loss"], ".4f", why=nc),
+                     _f(s["kl"], ".5f", why="no KL term"), _f(s["entropy"], why=nc), _f(s["clip_frac"], why=nc),
+                     _f(s["zero_adv_frac"], why=nc), _f(s["grad_norm"], why=nc),
+                     _f(tps.get((arm, s["step"])), ".0f", why="not timed")])
     out += _table(["arm", "step", "reward", "loss", "KL", "entropy", "clip frac", "zero-adv frac", "grad norm",
                    "tokens/s"], rows, "lr" + "r" * 8, keep=2) + [""]
     bad = [s for s in inp.train_steps if nonfinite_step(s)]
@@ -250,8 +308,10 @@ def render_report(inp: ReportInputs) -> str:
             kl = f"{a['estimator']} in {a['placement']}, beta {a['beta']:g}" if a.get("estimator") else "none"
             regime = (f"{a['mode']}" + (f", staleness <= {a['max_staleness']}" if a.get("max_staleness") else "")
                       if a else "")
-            rows.append([r["arm"], a.get("algorithm", ""), kl, regime, str(r["steps"]), _f(r["first_reward"]),
-                         _f(r["final_reward"]), _f(r["final_kl"], ".5f"), _f(r["max_kl"], ".5f"),
+            rows.append([r["arm"], a.get("algorithm") or na("no arm spec"), kl, regime or na("no arm spec"),
+                         str(r["steps"]), _f(r["first_reward"], why="no step"),
+                         _f(r["final_reward"], why="no step"), _f(r["final_kl"], ".5f", why="no KL term"),
+                         _f(r["max_kl"], ".5f", why="no KL term"),
                          "yes" if r["stable"] else Md(f"**no**: {md_cell(r['reason'])}")])
         out += ["Training arms (stable: every loss and gradient norm finite, KL finite where computed (n/a: no KL "
                 "term) and below the divergence threshold):",
@@ -270,15 +330,15 @@ def render_report(inp: ReportInputs) -> str:
         rows = []
         for ck in dict.fromkeys(c["checkpoint"] for c in cells):
             rows.append([ck] + [("n/c" if not val[(ck, h)]["counted"] else _f(val[(ck, h)]["pass_at_1"]))
-                                if (ck, h) in val else "" for h in hs])
+                                if (ck, h) in val else na("not in the plan") for h in hs])
         out += _table(["checkpoint"] + [f"{h} (held out)" if h in held else h for h in hs], rows, keep=1) + [""]
         out += ["Format apart from competence: the parse rate is the share of graded attempts whose answer was "
                 "in the harness's own format (its answer pattern or submit tool, not the last-number fallback); "
                 "accuracy given parsed is pass@1 among those (n/a: none parsed). A gain in the parse rate is the "
                 "policy learning the harness (P1's mismatch going down); a gain in accuracy given parsed is the "
                 "policy learning the task.", ""]
-        rows = [[c["checkpoint"], c["harness_name"], _f(c["pass_at_1"]), _f(c["parse_rate"]),
-                 _f(c["acc_given_parsed"])] for c in cells if c["counted"]]
+        rows = [[c["checkpoint"], c["harness_name"], _f(c["pass_at_1"]), _f(c["parse_rate"], why="none graded"),
+                 _f(c["acc_given_parsed"], why="no answer parsed")] for c in cells if c["counted"]]
         out += _table(["checkpoint", "harness", "pass@1", "parse rate", "accuracy given parsed"], rows, "llrrr",
                       keep=2) + [""]
     out += _figure(inp, "pass_rate_heatmap", "train x eval harness pass rates")
@@ -286,25 +346,37 @@ def render_report(inp: ReportInputs) -> str:
         out += ["Learning curve: sealed pass@1 of each arm's checkpoints against the training step (base = step "
                 "0; snapshots every `train.save_every` steps), 95% task-resampling bootstrap interval, beside the "
                 "mean training reward of the steps since the previous point.", ""]
-        rows = [[r["arm"], r["harness_name"], str(r["step"]), _f(r["pass_at_1"]),
-                 f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]", _f(r["train_reward"])] for r in inp.learning_curve]
+        rows = [[r["arm"], r["harness_name"], str(r["step"]), _f(r["pass_at_1"], why="cell not counted"),
+                 _interval(r["ci_low"], r["ci_high"], "cell not counted"),
+                 _f(r["train_reward"], why="before training" if r["step"] == 0 else "no step since the previous point")]
+                for r in inp.learning_curve]
         out += _table(["arm", "harness", "step", "pass@1", "95% CI", "train reward"], rows, "llrrrr", keep=3) + [""]
         out += _figure(inp, "learning_vs_step", "training reward and sealed pass@1 against step")
     if inp.suite_pass_rates:
-        rows = [[r["checkpoint"], r["harness_name"], r["suite"], str(r["n_tasks"]), str(r["graded"]), _f(r["pass_at_1"]),
-                 f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]", _f(r["median_turns"], ".1f")]
+        rows = [[r["checkpoint"], r["harness_name"], r["suite"], str(r["n_tasks"]), str(r["graded"]),
+                 _f(r["pass_at_1"], why="none graded"), _interval(r["ci_low"], r["ci_high"], "none graded"),
+                 _f(r["median_turns"], ".1f", why="none graded")]
                 for r in inp.suite_pass_rates]
         out += ["Per suite (out-of-domain suites are test-only), with a 95% task-resampling bootstrap interval and the "
                 "median agent steps (turns) per graded attempt:", ""]
         out += _table(["checkpoint", "harness", "suite", "tasks", "graded", "pass@1", "interval", "median steps"],
                       rows, "lllrrrrr", keep=3) + [""]
     if inp.eval_contrasts:
+        seeded = any(c.get("interval") == "seed-task" for c in inp.eval_contrasts)
         rows = [[c["name"], f"{c['a_checkpoint']}/{c['a_harness']} - {c['b_checkpoint']}/{c['b_harness']}", c["status"],
-                 str(c["n_tasks"]), _f(c["estimate"]), f"[{_f(c['ci_low'])}, {_f(c['ci_high'])}]",
-                 _f(c["p_bonferroni"]), _f(c["mdd"])] for c in inp.eval_contrasts]
-        out += ["Pre-registered contrasts (task-clustered paired bootstrap, Bonferroni over the family):", ""]
-        out += _table(["contrast", "a - b", "status", "tasks", "estimate", "CI", "p (Bonf.)", "MDD"], rows,
-                      "lllrrrrr", keep=1) + [""]
+                 str(c["n_tasks"]), *([f"{c['a_seeds']}/{c['b_seeds']}"] if seeded else []),
+                 _f(c["estimate"], why=f"status {c['status']}"),
+                 _interval(c["ci_low"], c["ci_high"], f"status {c['status']}"),
+                 _f(c["p_bonferroni"], why=f"status {c['status']}"),
+                 _f(c["mdd"], why=f"status {c['status']}" if c.get("interval") != "seed-task"
+                    else "a seeded side: the paired formula has no seed term")]
+                for c in inp.eval_contrasts]
+        out += ["Pre-registered contrasts (task-clustered paired bootstrap, Bonferroni over the family" + (
+            "; a side trained under several seeds is their mean, its interval resamples the seeds, then the tasks, "
+            "and has no MDD (the paired formula has no seed term); seeds: training runs per side, 0 for the base"
+            if seeded else "") + "):", ""]
+        out += _table(["contrast", "a - b", "status", "tasks", *(["seeds"] if seeded else []), "estimate", "CI",
+                       "p (Bonf.)", "MDD"], rows, "lllr" + ("r" if seeded else "") + "rrrr", keep=1) + [""]
 
     if inp.kl_check:
         by_conf = {r["configuration"]: r for r in inp.kl_check}
@@ -316,10 +388,12 @@ def render_report(inp: ReportInputs) -> str:
         rows = []
         for a in inp.arms:
             k = by_conf.get(a["kl_config"])
-            rows.append([a["arm"], a["kl_config"] or "no KL", "n/a" if k is None else ("yes" if k["unbiased"] else "no"),
-                         "n/a" if k is None else _f(k["relative_bias"]),
-                         "n/a" if k is None else ("yes" if k["agrees_with_paper"] else Md("**no**")),
-                         "yes" if stable.get(a["arm"]) else "no", "; ".join(final.get(a["arm"], []))])
+            absent = na("not in the kl-check table")
+            rows.append([a["arm"], a["kl_config"] or "no KL", absent if k is None else ("yes" if k["unbiased"] else "no"),
+                         absent if k is None else _f(k["relative_bias"]),
+                         absent if k is None else ("yes" if k["agrees_with_paper"] else Md("**no**")),
+                         "yes" if stable.get(a["arm"]) else "no",
+                         "; ".join(final.get(a["arm"], [])) or na("no sealed evaluation of the arm")])
         out += ["## P5: estimator table beside the arms", "",
                 "Gradient bias of each arm's KL configuration by exact enumeration on a tiny autoregressive policy "
                 "(`harnessrl kl-check`; sequence-level reverse-KL gradient), beside the arm's stability and sealed pass@1 "
@@ -334,9 +408,12 @@ def render_report(inp: ReportInputs) -> str:
     if inp.mismatch:
         k = inp.mismatch[0]["ceiling_k"]
         beta = inp.mismatch[0].get("kl_beta")
+        ng, nb = "none graded", "no per-step branching"
         rows = [[r["checkpoint"], r["harness_name"], str(r["n_tasks"]), str(r["graded"]), str(r["infra_errors"]),
-                 _f(r["pass_at_1"]), _f(r["ceiling"]), _f(r["mismatch"]), _f(r.get("ceiling_kl_soft")),
-                 _f(r.get("mismatch_kl_soft")), _f(r.get("mismatch_step")), _f(r.get("predicted_return"))]
+                 _f(r["pass_at_1"], why=ng), _f(r["ceiling"], why=ng), _f(r["mismatch"], why=ng),
+                 _f(r.get("ceiling_kl_soft"), why="no reference pass rate"),
+                 _f(r.get("mismatch_kl_soft"), why="no reference pass rate"), _f(r.get("mismatch_step"), why=nb),
+                 _f(r.get("predicted_return"), why=nb)]
                 for r in inp.mismatch]
         out += [f"C = pass@{k} ceiling (unbiased estimator); C_soft = KL-soft ceiling, per task then averaged: the mean "
                 f"over tasks of p e^(1/b) / (1 - p + p e^(1/b)) with p the reference's pass rate on the task and "
@@ -356,8 +433,10 @@ def render_report(inp: ReportInputs) -> str:
                        "complete episodes", "mean m_t by turn", "replay divergences"], rows, "ll" + "r" * 8, keep=2) + [""]
     if inp.p1_points:
         ref = inp.p1_points[0]["reference"]
-        rows = [[p["checkpoint"], p["harness_name"], _f(p["C"]), _f(p["C_kl_soft"]), _f(p["M"]), _f(p["M_step"]),
-                 _f(p["C_minus_M"]), _f(p["C_minus_M_step"]), _f(p["gain"], "+.3f"), _f(p["trained_return"])]
+        ng, nb = "none graded", "no per-step branching"
+        rows = [[p["checkpoint"], p["harness_name"], _f(p["C"], why=ng), _f(p["C_kl_soft"], why="no reference pass rate"),
+                 _f(p["M"], why=ng), _f(p["M_step"], why=nb), _f(p["C_minus_M"], why=ng),
+                 _f(p["C_minus_M_step"], why=nb), _f(p["gain"], "+.3f", why=ng), _f(p["trained_return"], why=ng)]
                 for p in inp.p1_points]
         out += [f"P1's claim test, one point per (trained checkpoint, harness): the predictors measured on `{ref}` (the "
                 "base policy) under the harness, the targets on the checkpoint (gain = its pass@1 minus the base's). "
@@ -365,28 +444,31 @@ def render_report(inp: ReportInputs) -> str:
         out += _table(["checkpoint", "harness", "C", "C_soft", "M", "M_step", "C - M", "C - M_step", "RL gain",
                        "trained return"], rows, "ll" + "r" * 8, keep=2) + [""]
     if inp.predictors:
-        rows = [[r["target"], _PREDICTOR_NAMES.get(r["predictor"], r["predictor"]), str(r["n_points"]),
-                 _f(r["r2"]) if not r["na_reason"] else "n/a",
-                 f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]" if not r["na_reason"] else "",
-                 _f(r["slope"]) if not r["na_reason"] else "", r["na_reason"]] for r in inp.predictors]
+        rows = [[r["target"], _PREDICTOR_NAMES.get(r["predictor"], r["predictor"]), str(r["n_points"])]
+                + ([na(r["na_reason"])] * 3 if r["na_reason"] else
+                   [_f(r["r2"]), _interval(r["ci_low"], r["ci_high"], "no bootstrap resample had a defined R^2"),
+                    _f(r["slope"])]) for r in inp.predictors]
         out += ["R^2 of each predictor of the RL gain and of the trained return over those points, with task-clustered "
                 "bootstrap intervals; n/a with the reason where the statistic is undefined or degenerate (fewer than "
                 "5 points, a constant predictor or target, a predictor not measured).", ""]
-        out += _table(["target", "predictor", "points", "R^2", "interval", "slope", "n/a because"], rows,
-                      "llrrrrl", keep=2) + [""]
+        out += _table(["target", "predictor", "points", "R^2", "interval", "slope"], rows, "llrrrr", keep=2) + [""]
     if inp.p1_points:
         from tasks.analysis.predictors import rank_correlations
 
         rows = [[r["target"], _PREDICTOR_NAMES[r["predictor"]], str(r["n_points"]),
-                 _f(r["rho"], "+.3f") if not r["na_reason"] else "n/a", r["na_reason"]]
+                 _f(r["rho"], "+.3f") if not r["na_reason"] else na(r["na_reason"])]
                 for r in rank_correlations(inp.p1_points)]
         out += ["Spearman's rank correlation of each predictor with the target over the same points: does the "
                 "predictor order the points as the target does (R^2 above asks for a straight line)?", ""]
-        out += _table(["target", "predictor", "points", "rho", "n/a because"], rows, "llrrl", keep=2) + [""]
+        out += _table(["target", "predictor", "points", "rho"], rows, "llrr", keep=2) + [""]
     out += _figure(inp, "r2_comparison", "R^2 comparison")
     if inp.log_odds:
-        rows = [[r["checkpoint"], r["harness_name"], str(r["n_states"]), str(r["n_pairs"]), _f(r["pearson_policy_ref"]),
-                 _f(r["spearman_policy_ref"]), _f(r["pearson_shift_reward"]), _f(r["mean_abs_shift"], ".4f")]
+        def why(r: dict[str, Any]) -> str:
+            return "fewer than 3 pairs" if r["n_pairs"] < 3 else "one side constant"
+
+        rows = [[r["checkpoint"], r["harness_name"], str(r["n_states"]), str(r["n_pairs"]),
+                 _f(r["pearson_policy_ref"], why=why(r)), _f(r["spearman_policy_ref"], why=why(r)),
+                 _f(r["pearson_shift_reward"], why=why(r)), _f(r["mean_abs_shift"], ".4f", why="no pair")]
                 for r in inp.log_odds]
         out += ["Log-odds check: at first-turn states, the log-odds between the group's sampled actions under the "
                 "trained policy against the reference (the harness's preferences); and the shift (policy - reference) "
@@ -396,15 +478,17 @@ def render_report(inp: ReportInputs) -> str:
 
     out += ["## P4: Within vs Cross grouping", ""]
     if inp.leakage:
-        rows = [[r["rule"], f"{r['zero_groups']}/{r['n_groups']}", _f(r["zero_group_fraction"]),
-                 _f(r["accuracy"]), _f(r["null_mean"]), _f(r["leakage_pp"], ".2f"),
-                 f"[{_f(r['ci_low'], '.2f')}, {_f(r['ci_high'], '.2f')}]", _f(r["p_value"]), r["note"]]
-                for r in inp.leakage]
+        rows = []
+        for r in inp.leakage:  # a row's note says why its values are n/a (leakage not computable)
+            why = r["note"] or "not computed"
+            rows.append([r["rule"], f"{r['zero_groups']}/{r['n_groups']}", _f(r["zero_group_fraction"], why=why),
+                         _f(r["accuracy"], why=why), _f(r["null_mean"], why=why), _f(r["leakage_pp"], ".2f", why=why),
+                         _interval(r["ci_low"], r["ci_high"], why, ".2f"), _f(r["p_value"], why=why)])
         out += ["Zero-advantage groups (no learning signal) and harness-identity leakage: cross-validated accuracy of a "
                 "logistic regression predicting the harness from a sample's advantage, minus its shuffled-label null "
                 "(percentage points, interval from the null's quantiles).", ""]
-        out += _table(["rule", "zero groups", "fraction", "accuracy", "null", "leakage (pp)", "interval", "p", "note"],
-                      rows, "lrrrrrrrl", keep=1) + [""]
+        out += _table(["rule", "zero groups", "fraction", "accuracy", "null", "leakage (pp)", "interval", "p"],
+                      rows, "lrrrrrrr", keep=1) + [""]
     out += _figure(inp, "leakage", "zero-advantage groups and harness-identity leakage")
     if inp.action_jsd:
         rows = [[r["scope"].replace("_", " "), f"{r['checkpoint_a']} / {r['harness_a']}",
@@ -466,26 +550,31 @@ def talkmesh_section(heads: list[dict[str, Any]], evals: list[dict[str, Any]], e
     return "\n".join(out) + "\n"
 
 
-def _rate(k: Any, n: int) -> str:
-    """``k (k/n)`` as a count with its rate, n/a where the count is None."""
-    return "n/a" if k is None else f"{k} ({k / n:.2f})" if n else str(k)
+def _rate(k: Any, n: int, why: str = "") -> str:
+    """``k (k/n)`` as a count with its rate; :func:`na` of ``why`` where the count is None."""
+    return (na(why) if why else "n/a") if k is None else f"{k} ({k / n:.2f})" if n else str(k)
 
 
 def step_failures_section(rows: list[dict[str, Any]]) -> list[str]:
     """The report's P6 section (lines of Markdown; none without rows): per checkpoint and
     harness, median (mean) agent steps of the solved and of the failed attempts, then how the
     failed attempts ended and the turn-level errors, as counts with their rate (over failed
-    attempts for the endings, over graded attempts for the rest); ``n/a`` with the row's note
-    where the data cannot say (``analyze/step_failures``, :func:`tasks.analysis.steps.step_failures`)."""
+    attempts for the endings, over graded attempts for the rest); ``n/a`` with the reason where the
+    data cannot say (the row's note; ``analyze/step_failures``,
+    :func:`tasks.analysis.steps.step_failures`), a table note like every other."""
     if not rows:
         return []
     out = ["## P6: agent steps and failure modes", "",
            "Agent steps (turns) per graded attempt of the sealed evaluation, solved and failed apart: median (mean). "
            "The paper reports the median steps falling 24-35% after training; compare each arm's row with `base` "
            "under the same harness.", ""]
-    body = [[r["checkpoint"], r["harness_name"], str(r["graded"]), str(r["solved"]),
-             f"{_f(r['median_turns_solved'], '.1f')} ({_f(r['mean_turns_solved'], '.2f')})",
-             f"{_f(r['median_turns_failed'], '.1f')} ({_f(r['mean_turns_failed'], '.2f')})"] for r in rows]
+    def steps(r: dict[str, Any], kind: str) -> str:
+        if r[f"median_turns_{kind}"] is None:
+            return na(f"no {kind} attempt" if not r["solved" if kind == "solved" else "failed"] else r["note"])
+        return f"{_f(r[f'median_turns_{kind}'], '.1f')} ({_f(r[f'mean_turns_{kind}'], '.2f')})"
+
+    body = [[r["checkpoint"], r["harness_name"], str(r["graded"]), str(r["solved"]), steps(r, "solved"),
+             steps(r, "failed")] for r in rows]
     out += _table(["checkpoint", "harness", "graded", "solved", "steps solved", "steps failed"], body, "llrrrr",
                   keep=2) + [""]
     out += ["How the failed attempts ended (count (share of failed)): wrong answer given in time, out of turns, "
@@ -493,16 +582,14 @@ def step_failures_section(rows: list[dict[str, Any]]) -> list[str]:
             "attempts: attempts with a reply the harness answered with its format-error message, with a tool call "
             "that failed (non-zero exit, timeout, a limit), replies cut at the token limit (turns), answers not "
             "in the harness's format.", ""]
-    body = [[r["checkpoint"], r["harness_name"], str(r["failed"]), _rate(r["failed_submitted"], r["failed"]),
-             _rate(r["failed_max_turns"], r["failed"]), _rate(r["failed_max_tokens"], r["failed"]),
-             _rate(r["failed_format_error"], r["failed"]), _rate(r["failed_timeout"], r["failed"]),
-             _rate(r["format_error_attempts"], r["graded"]), _rate(r["tool_error_attempts"], r["graded"]),
-             "n/a" if r["truncated_turns"] is None else str(r["truncated_turns"]),
-             _rate(r["unparsed_answers"], r["graded"])] for r in rows]
+    body = [[r["checkpoint"], r["harness_name"], str(r["failed"])]
+            + [_rate(r[c], r["failed"], r["note"]) for c in ("failed_submitted", "failed_max_turns", "failed_max_tokens",
+                                                            "failed_format_error", "failed_timeout")]
+            + [_rate(r["format_error_attempts"], r["graded"], r["note"]),
+               _rate(r["tool_error_attempts"], r["graded"], r["note"]),
+               na(r["note"]) if r["truncated_turns"] is None else str(r["truncated_turns"]),
+               _rate(r["unparsed_answers"], r["graded"], r["note"])] for r in rows]
     out += _table(["checkpoint", "harness", "failed", "wrong answer", "turn limit", "token limit", "no answer",
                    "timeout", "format-error replies", "tool errors", "cut replies", "unparsed"], body,
                   "ll" + "r" * 10, keep=2) + [""]
-    notes = [f"{r['checkpoint']} / {r['harness_name']}: {r['note']}" for r in rows if r["note"]]
-    if notes:
-        out += ["n/a because:", ""] + [f"- {md_cell(n)}" for n in notes] + [""]
     return out

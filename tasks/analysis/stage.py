@@ -21,162 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from schemas import ArtifactRef, ArtifactStore
+from tasks.analysis.checkpoint_tables import branching_rows, log_odds_tables
+from tasks.analysis.tables import arm_spec, kl_beta, leakage_rows
 from tasks.config import RunConfig
 
 log = logging.getLogger("harnessrl.analyze")
 
 REPORT = "analyze/report.md"
 PLOTS = "analyze/plots"
-RULES = ("within", "cross")
-
-
-def kl_beta(cfg: RunConfig) -> float | None:
-    """The beta of the KL-soft ceiling: ``analyze.kl_beta`` (default 1.0, chosen for the ceiling;
-    never the trainer's ``train.kl.beta``; None: no soft ceiling)."""
-    return cfg.analyze.kl_beta
-
-
-def leakage_rows(episodes: list[dict[str, Any]], cfg: RunConfig) -> list[dict[str, Any]]:
-    """Rows of the ``leakage`` artifact: per grouping rule, the zero-advantage groups of the
-    training rollouts and the harness-identity leakage (null with a note when not computable)."""
-    from tasks.analysis.leakage import harness_leakage, zero_advantage_fractions
-
-    scale = cfg.train.advantage_scale
-    zero = {z["rule"]: z for z in zero_advantage_fractions(episodes, rules=RULES, scale=scale, seed=cfg.analyze.seed)}
-    out = []
-    for rule in RULES:
-        z = zero[rule]
-        row: dict[str, Any] = {"rule": rule, "n_groups": z["n_groups"], "zero_groups": z["zero_groups"],
-                               "zero_group_fraction": z["fraction"], "zero_sample_fraction": z["sample_fraction"],
-                               "n_samples": z["n_samples"], "folds": cfg.analyze.leakage.folds,
-                               "permutations": cfg.analyze.leakage.permutations, "note": ""}
-        try:
-            lk = harness_leakage(episodes, rule, folds=cfg.analyze.leakage.folds,
-                                 permutations=cfg.analyze.leakage.permutations, seed=cfg.analyze.seed, scale=scale)
-        except ValueError as e:
-            row.update({k: None for k in ("n_classes", "chance", "accuracy", "null_mean", "null_sd", "leakage_pp",
-                                          "ci_low", "ci_high", "p_value")})
-            row["note"] = f"leakage not computable: {e}"
-        else:
-            row.update({k: lk[k] for k in ("n_classes", "chance", "accuracy", "null_mean", "null_sd", "leakage_pp",
-                                           "p_value", "folds")})
-            row.update({"ci_low": lk["ci_low_pp"], "ci_high": lk["ci_high_pp"]})
-        out.append(row)
-    return out
-
-
-def arm_spec(name: str, tc: Any) -> dict[str, Any]:
-    """What the report shows of a training arm: objective, KL estimator and placement, beta,
-    sampling regime, and the row of P5's estimator table (``kl_check``) that describes it."""
-    stale = tc.mode == "online" and tc.max_staleness > 0
-    kl_on = tc.kl.beta > 0
-    config = (f"{tc.kl.estimator}/{tc.kl.placement}" + ("/stale-is" if stale and tc.kl.importance_weighted else
-                                                        "/stale" if stale else "")) if kl_on else ""
-    return {"arm": name, "algorithm": tc.algorithm, "grouping": tc.grouping, "estimator": tc.kl.estimator if kl_on else "",
-            "placement": tc.kl.placement if kl_on else "", "beta": tc.kl.beta, "mode": tc.mode,
-            "max_staleness": tc.max_staleness, "importance_weighted": tc.kl.importance_weighted, "kl_config": config}
-
-
-def _trained(checkpoints: list[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
-    return [c for c in checkpoints if c["name"] != reference and c["path"]]
-
-
-def _scorers(cfg: RunConfig, adapter: Path, batch_size: int) -> tuple[Any, Any]:
-    """The log-odds scorers of a checkpoint: the base model in float32 (bf16 logits would add
-    ~0.4% error per token to the sums) with the adapter on (policy) and off (reference)."""
-    from peft import PeftModel
-
-    from tasks.analysis.logodds import adapter_scorers
-    from tasks.rollout.models import load_model_and_tokenizer, resolve_model
-
-    model, tok = load_model_and_tokenizer(resolve_model(cfg.policy.model, cfg.policy.cache_dir), cfg.policy.device,
-                                          "float32")
-    model = PeftModel.from_pretrained(model, adapter).eval()
-    return adapter_scorers(model, tok, device=cfg.policy.device, batch_size=batch_size)
-
-
-def log_odds_tables(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], specs: dict[str, Any],
-                    tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(log_odds, log_odds_pairs)`` rows for every trained checkpoint (its adapter against the
-    base model with the adapter disabled), at first-turn states of the training rollouts."""
-    lo = cfg.analyze.log_odds
-    cks = _trained(store.rows(inputs["checkpoints"]), cfg.analyze.reference)
-    if not cks or lo.max_states_per_harness == 0:
-        return [], []
-    from tasks.analysis.logodds import log_odds_pairs, log_odds_summary
-
-    episodes, turns = store.rows(inputs["episodes"]), store.rows(inputs["turns"])
-    # talkmesh episodes have no first-turn state shared by one growing context (their turns are
-    # separate messages): left out, with a note from run_analyze
-    episodes = [e for e in episodes if specs[e["harness_id"]].loop_type != "talkmesh"]
-    if not episodes:
-        return [], []
-    summary, pairs = [], []
-    for ck in cks:
-        adapter = store.get_dir(ck["path"], tmp / "logodds" / ck["name"])
-        score_policy, score_ref = _scorers(cfg, adapter, lo.batch_size)
-        rows = log_odds_pairs(episodes, turns, specs, score_policy, score_ref,
-                              max_states_per_harness=lo.max_states_per_harness, seed=cfg.analyze.seed)
-        for r in rows:
-            r["checkpoint"] = ck["name"]
-        pairs += rows
-        for s in log_odds_summary(rows):
-            summary.append({"checkpoint": ck["name"], **s})
-    return summary, pairs
-
-
-def branching_rows(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], specs: dict[str, Any],
-                   evals: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
-    """``step_mismatch`` rows: continuations branched from the visited states of
-    ``analyze.branching.episodes_per_harness`` first-attempt sealed episodes per (checkpoint,
-    harness) of the configured checkpoints (chosen with the analyze seed)."""
-    br = cfg.analyze.branching
-    if br.episodes_per_harness == 0:
-        return []
-    from tasks.analysis.branching import branch_states
-    from tasks.hashing import seed_from
-    from tasks.rollout.engines import load_policy
-
-    cks = {c["name"]: c for c in store.rows(inputs["checkpoints"])}
-    missing = [c for c in br.checkpoints if c not in cks]
-    if missing:
-        raise ValueError(f"analyze.branching.checkpoints names {missing}, not checkpoints of this run {sorted(cks)}")
-    tasks = {t["task_id"]: t for t in store.rows(inputs["tasks"])}
-    turns = store.rows(inputs["eval_turns"], contract="turns")
-    by_ep: dict[str, list[dict[str, Any]]] = {}
-    for t in turns:
-        by_ep.setdefault(t["episode_id"], []).append(t)
-    out: list[dict[str, Any]] = []
-    for name in br.checkpoints:
-        ck = cks[name]
-        chosen = []
-        for hid in sorted({e["harness_id"] for e in evals if e["checkpoint"] == name
-                           and specs[e["harness_id"]].loop_type != "talkmesh"}):  # mesh runs: no engine replay
-            cand = sorted((e for e in evals if e["checkpoint"] == name and e["harness_id"] == hid and e["retry"] == 0
-                           and e["attempt"] == 0 and e["status"] in ("resolved", "unresolved")
-                           and e["eval_id"] in by_ep),
-                          key=lambda e: seed_from(cfg.analyze.seed, "branching", e["eval_id"]))
-            chosen += cand[:br.episodes_per_harness]
-        if not chosen:
-            continue
-        adapter = store.get_dir(ck["path"], tmp / "branching" / name) if ck["path"] else None
-        policy = load_policy(cfg, adapter)
-        try:
-            for hid in sorted({e["harness_id"] for e in chosen}):
-                eps = [{"episode_id": e["eval_id"], "record_id": e["record_id"], "task_id": e["task_id"],
-                        "harness_id": hid, "harness_name": e["harness_name"], "num_turns": e["num_turns"],
-                        "success": e["resolved"], "reward": e["reward"], "status": "ok", "seed": e["seed"],
-                        "sample_idx": e["attempt"]}
-                       for e in chosen if e["harness_id"] == hid]
-                rows = branch_states(policy, specs[hid], eps, [t for e in eps for t in by_ep[e["episode_id"]]],
-                                     tasks, cfg.sandbox, n=br.n, k=br.k, seed=seed_from(cfg.analyze.seed, name, hid),
-                                     max_depth=br.max_depth)
-                out += [{"checkpoint": name, "k": br.k, **r} for r in rows]
-        finally:
-            close = getattr(policy, "close", None)
-            if close is not None:
-                close()
-    return out
 
 
 def _figures(store: ArtifactStore, tables: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
@@ -224,7 +76,7 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
     from tasks.analysis.leakage import action_distributions, jsd_table
     from tasks.analysis.predictors import p1_points, r2_table
     from tasks.analysis.infra import infra_counts, online_arm_names
-    from tasks.analysis.report import ReportInputs, render_report
+    from tasks.analysis.report import ReportInputs, render_report, report_notes
     from tasks.harnesses.frozen import harness_specs
 
     a = cfg.analyze
@@ -341,22 +193,23 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
               "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd,
               "step_failures": steps_fail}
     figures = _figures(store, tables)
-    report = render_report(ReportInputs(
-        run_name=cfg.name, config_hash=cfg.config_hash(), model=cfg.policy.model,
-        plan_hash=evals[0]["plan_hash"] if evals else "", seal_head=evals[-1]["seal_hash"] if evals else "",
-        episodes=episodes, train_steps=tables["train_steps"],
-        timing=store.manifest("train", "train_steps").get("extra", {}).get("timing", []),
-        eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
-        predictors=predictors, p1_points=points, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
-        figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
-        arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve, step_failures=steps_fail,
-        infra=infra_counts(store, online_arm_names(cfg))))
-    if mesh_names:
-        from tasks.analysis.report import talkmesh_section
+    with report_notes():  # one numbering of the table notes, the appended TalkMesh section included
+        report = render_report(ReportInputs(
+            run_name=cfg.name, config_hash=cfg.config_hash(), model=cfg.policy.model,
+            plan_hash=evals[0]["plan_hash"] if evals else "", seal_head=evals[-1]["seal_hash"] if evals else "",
+            episodes=episodes, train_steps=tables["train_steps"],
+            timing=store.manifest("train", "train_steps").get("extra", {}).get("timing", []),
+            eval_cells=tables["eval_cells"], eval_contrasts=store.rows(inputs["eval_contrasts"]), mismatch=mismatch,
+            predictors=predictors, p1_points=points, step_mismatch=step_summary, log_odds=lo_summary, leakage=leakage, action_jsd=jsd,
+            figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
+            arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve, step_failures=steps_fail,
+            infra=infra_counts(store, online_arm_names(cfg))))
+        if mesh_names:
+            from tasks.analysis.report import talkmesh_section
 
-        report = report.rstrip("\n") + "\n\n" + talkmesh_section(
-            store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
-            evals, eval_turns, mesh_names)
+            report = report.rstrip("\n") + "\n\n" + talkmesh_section(
+                store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
+                evals, eval_turns, mesh_names)
     store.write_text(REPORT, report)
     advance(1)
 

@@ -12,7 +12,7 @@ public name is importable from ``tasks.config``.
 
 from tasks.config.analyze import AnalyzeConfig, BranchingConfig, LeakageConfig, LogOddsConfig
 from tasks.config.base import EXECUTION_ONLY, OPTIONAL_SECTIONS, STAGES, ConfigError, deep_merge
-from tasks.config.evaluate import ContrastArm, ContrastConfig, EvaluateConfig
+from tasks.config.evaluate import ContrastArm, ContrastConfig, EvaluateConfig, P1Cell
 from tasks.config.policy import OpenAIEngineConfig, PolicyConfig, VLLMEngineConfig
 from tasks.config.records import SplitConfig, SuiteConfig
 from tasks.config.rollout import RolloutConfig, SandboxConfig
@@ -21,6 +21,6 @@ from tasks.config.train import ArmConfig, DistributedConfig, KLConfig, LoraConfi
 
 __all__ = ["AnalyzeConfig", "ArmConfig", "BranchingConfig", "ConfigError", "ContrastArm", "ContrastConfig",
            "DistributedConfig", "EXECUTION_ONLY", "EvaluateConfig", "KLConfig", "LeakageConfig", "LogOddsConfig",
-           "LoraConfig", "OPTIONAL_SECTIONS", "OpenAIEngineConfig", "PolicyConfig", "RolloutConfig", "RunConfig",
+           "LoraConfig", "OPTIONAL_SECTIONS", "OpenAIEngineConfig", "P1Cell", "PolicyConfig", "RolloutConfig", "RunConfig",
            "STAGES", "SandboxConfig", "SplitConfig", "SuiteConfig", "TrainConfig", "VLLMEngineConfig", "deep_merge",
            "load_config"]

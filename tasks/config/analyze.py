@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from tasks.config.base import _LaterOptions, _Strict
+from tasks.config.base import LaterOptions, _Strict
 
 
 class LeakageConfig(_Strict):
@@ -58,7 +58,7 @@ class StabilityConfig(_Strict):
     grad_norm_factor: float = Field(default=10.0, gt=1.0)
 
 
-class AnalyzeConfig(_LaterOptions):
+class AnalyzeConfig(LaterOptions):
     """Analysis options (docs/methods/p1-ceiling-mismatch.md, docs/methods/p4-within-cross.md).
 
     ``ceiling_k``: the K of the pass@K harness ceiling (<= ``evaluate.attempts``). ``kl_beta``: the

@@ -27,7 +27,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class _LaterOptions(_Strict):
+class LaterOptions(_Strict):
     """A section whose options named in ``_later`` were added after configs were written: unset
     (None), they are left out of every dump, so the config hash, the stage cache keys, the plan
     and the pre-registration of a config that does not use them stay what they were."""

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config.base import _LaterOptions, _Strict
+from tasks.config.base import LaterOptions, _Strict
 
 
 class ContrastArm(_Strict):
@@ -17,7 +17,19 @@ class ContrastArm(_Strict):
     harness: str = Field(min_length=1)
 
 
-class ContrastConfig(_LaterOptions):
+class P1Cell(LaterOptions):
+    """One cell of P1's predictor test: a checkpoint (or an arm trained under several seeds) under
+    an evaluation harness, on the test tasks of ``suite`` only (``suites[].source/name``, e.g.
+    ``reasoning_gym/products``; None: every test task), so that a (harness, task family) pair is a
+    cell of its own."""
+
+    checkpoint: str = Field(min_length=1)
+    harness: str = Field(min_length=1)
+    suite: str | None = Field(default=None, min_length=1)
+    _later: ClassVar[tuple[str, ...]] = ("suite",)
+
+
+class ContrastConfig(LaterOptions):
     """A pre-registered contrast ``a - b`` (success rate of arm a minus arm b on the same tasks).
     ``suite``: only the test tasks of this suite (``suites[].name``) count, e.g. an out-of-domain,
     evaluation-only suite; None: every test task both sides graded."""
@@ -29,7 +41,7 @@ class ContrastConfig(_LaterOptions):
     _later: ClassVar[tuple[str, ...]] = ("suite",)
 
 
-class FindingConfig(_LaterOptions):
+class FindingConfig(LaterOptions):
     """A paper's headline, pre-registered with the rule that decides it (docs/experiments/findings-rules.md).
 
     ``measure``: ``contrast`` (the pre-registered contrast named ``contrast``: a - b of per-task
@@ -37,7 +49,8 @@ class FindingConfig(_LaterOptions):
     moves pass@1 than the checkpoint does, over ``checkpoints``: None = every evaluated one) or
     ``p1_predictor_gap`` (P1: over the trained ``cells``, each a checkpoint under the harness it
     trained in, R^2 of C - M as a predictor of ``target`` minus the better of R^2(C) and R^2(M),
-    with C, M measured on ``base`` under the same harness).
+    with C, M measured on ``base`` under the same harness; a cell naming a ``suite`` counts that
+    suite's test tasks only, so one harness on two task families gives two cells).
     ``pooled_contrast``: the mean success rate over the ``a_cells`` minus the mean over the
     ``b_cells``, per task, averaged over the tasks every cell graded (of ``suite`` only, when
     set): e.g. the arms whose KL gradient is unbiased against those whose gradient is biased.
@@ -57,7 +70,7 @@ class FindingConfig(_LaterOptions):
     contrast: str | None = None
     control: str | None = None
     checkpoints: list[str] | None = None
-    cells: list[ContrastArm] | None = None
+    cells: list[P1Cell] | None = None
     target: Literal["gain", "return"] = "gain"
     margin: float = Field(default=0.0, ge=0.0, le=1.0)
     a_cells: list[ContrastArm] | None = None
@@ -92,7 +105,7 @@ class FindingConfig(_LaterOptions):
         return self
 
 
-class EvaluateConfig(_LaterOptions):
+class EvaluateConfig(LaterOptions):
     """Sealed evaluation of the test split: ``attempts`` samples per (record, checkpoint, harness).
 
     ``harnesses`` (None: the training ``harnesses``) may name harnesses never used in training:

@@ -30,20 +30,31 @@ class VLLMEngineConfig(_Strict):
     not give bit-identical log-probs (or, rarely, tokens) and artifacts stop being reproducible.
     ``lora``: how a checkpoint's LoRA adapter is applied: ``adapter`` (vLLM's LoRA layers),
     ``merged`` (the adapter merged into a copy of the weights, in fp32, then cast to
-    ``rollout_dtype``; no LoRA kernels at all), ``auto`` (``merged`` on the CPU, where vLLM's LoRA
-    runs as PyTorch fallback ops: ``benchmarks/engines.py --lora 32`` measured 11 completion
-    tokens/s with LoRA layers against 114 merged and 112 for the base model; ``adapter``
-    on CUDA, where merging a large model on the host would cost more than the kernels).
+    ``rollout_dtype``; no LoRA kernels at all), ``delta`` (the base weights in ``rollout_dtype``,
+    the adapter's factors beside them in float32, applied by the worker's own layer hooks,
+    :mod:`tasks.rollout.engines.lora_delta`: the update added to each layer's bf16 output, as peft
+    does in the trainer under bf16 autocast; online training then syncs only the factors), ``auto``: on the CPU ``merged`` (vLLM's own LoRA layers
+    run there as PyTorch fallback ops: ``benchmarks/engines.py --lora 32`` measured 11 completion
+    tokens/s with them against 114 merged and 112 for the base model; ``delta`` is opt-in:
+    ``benchmarks/online_iteration.py`` compares it), on CUDA ``adapter``, where merging a large
+    model on the host would cost more than the kernels.
     """
 
     venv: str = ".venv-vllm"
     prefix_caching: bool = False
-    lora: Literal["auto", "adapter", "merged"] = "auto"
+    lora: Literal["auto", "adapter", "merged", "delta"] = "auto"
     max_model_len: int = Field(default=4096, gt=0)
     kv_cache_gib: float = Field(default=1.0, gt=0)
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1.0)
     start_timeout_s: float = Field(default=300.0, gt=0)
     request_timeout_s: float = Field(default=1800.0, gt=0)
+
+    def lora_mode(self, device: str) -> str:
+        """How an adapter is applied on ``device`` (``cpu`` / ``cuda``): ``lora``, with ``auto``
+        resolved (see the class docstring)."""
+        if self.lora != "auto":
+            return self.lora
+        return "merged" if device == "cpu" else "adapter"
 
 
 class OpenAIEngineConfig(_Strict):

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from tasks.config.base import _LaterOptions, _Strict
+from tasks.config.base import LaterOptions, _Strict
 
 
 class SandboxConfig(_Strict):
@@ -57,7 +57,7 @@ class SandboxConfig(_Strict):
         return self
 
 
-class RolloutConfig(_LaterOptions):
+class RolloutConfig(LaterOptions):
     """Training rollouts: ``samples_per_task`` episodes (the group size G) per train record.
 
     Fan-out (also used by evaluation and online sampling; see ``tasks/rollout/fanout.py``):

@@ -103,8 +103,11 @@ class RunConfig(_Strict):
         for key, values in (self.sweep or {}).items():
             if not values or len({repr(v) for v in values}) != len(values):
                 raise ValueError(f"sweep[{key!r}]={values!r}: needs a non-empty list of distinct values")
+        if self.evaluate.findings and not self.split.disjoint:
+            raise ValueError("split.disjoint=False: a findings config (evaluate.findings) needs split.disjoint: true "
+                             "(no test task may share a problem with a train task)")
         for arm, tc in self.arm_configs():
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", arm):
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*(@s[0-9]+)?", arm):
                 raise ValueError(f"sweep: arm name {arm!r} (arm + swept values) is not a valid checkpoint name; sweep "
                                  "values must be numbers or simple words")
             where = "train" if self.arms is None and self.sweep is None else f"arms[{arm!r}].train"
@@ -134,7 +137,9 @@ class RunConfig(_Strict):
             except HarnessError as e:
                 raise ValueError(f"evaluate.harnesses names {h!r}: {e}") from None
         evals = self.eval_harnesses()
-        ckpts = self.checkpoint_names()
+        # a contrast, a finding's cell or the spread's checkpoints may name a checkpoint or an arm
+        # trained under several seeds (its seed checkpoints together)
+        ckpts = self.checkpoint_names() + [g for g, cks in self.arm_groups().items() if cks != [g]]
         for c in self.evaluate.contrasts or []:
             for side in ("a", "b"):
                 h = getattr(c, side).harness
@@ -153,7 +158,15 @@ class RunConfig(_Strict):
             for it in items or []:
                 if suites is not None and it.suite is not None and it.suite not in suites:
                     raise ValueError(f"evaluate.{kind}[{it.name!r}].suite={it.suite!r} is not a suite of this run {suites}")
+                for i, cell in enumerate(getattr(it, "cells", None) or []):
+                    if suites is not None and cell.suite is not None and cell.suite not in suites:
+                        raise ValueError(f"evaluate.findings[{it.name!r}].cells[{i}].suite={cell.suite!r} is not a suite "
+                                         f"of this run {suites}")
         for f in self.evaluate.findings or []:
+            for ck in f.checkpoints or []:
+                if ck not in ckpts:
+                    raise ValueError(f"evaluate.findings[{f.name!r}].checkpoints names {ck!r}, not a checkpoint of this "
+                                     f"run {ckpts}")
             for field in ("cells", "a_cells", "b_cells"):
                 for cell in getattr(f, field) or []:
                     if cell.checkpoint not in ckpts or cell.harness not in evals:
@@ -170,12 +183,37 @@ class RunConfig(_Strict):
         """The training arms as ``(checkpoint name, effective TrainConfig)``, in config order.
 
         Without ``arms``: ``[("final", self.train)]``. With ``arms``: one per arm, its ``train``
-        overrides deep-merged (:func:`deep_merge`) onto the top-level ``train`` section.
+        overrides deep-merged (:func:`deep_merge`) onto the top-level ``train`` section. An arm
+        whose effective section sets ``seeds`` is trained once per seed, as the checkpoint
+        ``<arm>@s<seed>`` with ``seed`` set to that seed (and ``seeds`` unset), in the list's order.
 
         Raises:
             ValueError: an arm's merged section is not a valid TrainConfig; the message names
                 ``arms['<name>'].train.<key>``, the value and the reason.
         """
+        return [(ck, tc) for _, ck, tc in self._arm_seeds()]
+
+    def arm_groups(self) -> dict[str, list[str]]:
+        """Each training arm's name -> the names of its checkpoints, in config order: ``[<arm>]``
+        for an arm trained once, ``[<arm>@s<seed>, ...]`` for one trained under ``seeds``."""
+        out: dict[str, list[str]] = {}
+        for group, ck, _ in self._arm_seeds():
+            out.setdefault(group, []).append(ck)
+        return out
+
+    def _arm_seeds(self) -> list[tuple[str, str, TrainConfig]]:
+        """``(arm, checkpoint name, effective TrainConfig)`` per trained checkpoint (see
+        :meth:`arm_configs`)."""
+        out = []
+        for name, tc in self._arm_sections():
+            if tc.seeds is None:
+                out.append((name, name, tc))
+            else:
+                out += [(name, f"{name}@s{s}", tc.model_copy(update={"seed": s, "seeds": None})) for s in tc.seeds]
+        return out
+
+    def _arm_sections(self) -> list[tuple[str, TrainConfig]]:
+        """Each arm's name and merged ``train`` section, before the seeds are expanded."""
         if self.arms is None and self.sweep is None:
             return [("final", self.train)]
         base = self.train.model_dump(mode="python")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config.base import _LaterOptions, _Strict
+from tasks.config.base import LaterOptions, _Strict
+from tasks.registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, OneOf
 
 #: policy tokens per chunk of the output projection when ``train.logprob_chunk_tokens`` is unset
 DEFAULT_LOGPROB_CHUNK_TOKENS = 256
@@ -32,13 +33,14 @@ class LoraConfig(_Strict):
 class KLConfig(_Strict):
     """KL regularisation towards the reference policy (P5: docs/methods/p5-kl.md).
 
-    ``estimator`` k1/k2/k3 (Schulman's estimators), ``placement`` ``reward`` (detached, summed over
+    ``estimator`` k1/k2/k3 (Schulman's estimators) or another of
+    ``tasks.registries.KL_ESTIMATORS``, ``placement`` ``reward`` (detached, summed over
     the sequence and subtracted from the reward before advantages) or ``loss`` (beta * mean k added
     to the loss) or ``both``; ``beta`` = 0 disables it. ``importance_weighted`` multiplies the
     in-loss estimate by the sequence ratio pi_theta / pi_old (P5's ``rho * k3`` for stale samples).
     """
 
-    estimator: Literal["k1", "k2", "k3"] = "k1"
+    estimator: Annotated[str, OneOf(KL_ESTIMATORS)] = "k1"
     placement: Literal["reward", "loss", "both"] = "reward"
     beta: float = Field(default=0.05, ge=0.0)
     importance_weighted: bool = False
@@ -72,7 +74,7 @@ class DistributedConfig(_Strict):
         return self
 
 
-class TrainConfig(_LaterOptions):
+class TrainConfig(LaterOptions):
     """GRPO / GSPO / GSPO-token on a LoRA adapter. See ``tasks/train/losses.py`` for the objectives
     and ``tasks/train/trainer.py`` for the loop.
 
@@ -105,6 +107,11 @@ class TrainConfig(_LaterOptions):
     ``truncated_reward``: an episode that timed out or was cut at its token budget scores ``zero``
     in its group (default) or keeps its ``graded`` reward.
     ``init_adapter``: a peft adapter folder to start from (else a fresh adapter, LoRA B = 0).
+    ``seed``: the training seed (the adapter's initial weights, the mini-batch order, the control's
+    rewards, online sampling; None: the run's ``seed``); ``seeds``: train once per listed seed,
+    each its own checkpoint ``<arm>@s<seed>`` (:meth:`tasks.config.RunConfig.arm_configs`), so a
+    recipe comparison carries the variance between training runs (docs/experiments/findings-rules.md).
+    Set at the top level, ``seeds`` applies to every arm; ``arms[].train.seeds`` sets one arm's.
     ``reference``: ``initial`` = the starting policy, kept frozen (the base model for a fresh
     adapter, the starting adapter otherwise); ``base`` = the base model with the adapter disabled.
     ``checkpoint_every``: optimizer steps between resumable training states.
@@ -140,7 +147,8 @@ class TrainConfig(_LaterOptions):
     ``gradient_checkpointing``). Left out of the dumps when unset, like the two above.
     """
 
-    _later: ClassVar[tuple[str, ...]] = ("micro_batch_tokens", "logprob_chunk_tokens", "checkpoint_above_tokens")
+    _later: ClassVar[tuple[str, ...]] = ("micro_batch_tokens", "logprob_chunk_tokens", "checkpoint_above_tokens",
+                                         "seed", "seeds")
 
     algorithm: Literal["grpo", "gspo", "gspo_token"] = "grpo"
     mode: Literal["frozen", "online"] = "frozen"
@@ -157,7 +165,7 @@ class TrainConfig(_LaterOptions):
     logprob_chunk_tokens: int | None = Field(default=None, ge=0)
     checkpoint_above_tokens: int | None = Field(default=None, ge=0)
     grouping: Literal["within", "cross", "cross_coverage_matched", "cross_residualized"] = "within"
-    advantage_scale: Literal["std", "none"] = "std"
+    advantage_scale: Annotated[str, OneOf(ADVANTAGE_ESTIMATORS)] = "std"
     # The random-reward control (a learning claim's baseline): the same pipeline, trained on rewards
     # that carry no information, shuffled across each batch or drawn at its success rate
     # (tasks.train.advantages.control_rewards); the logged rewards stay the real ones.
@@ -167,7 +175,7 @@ class TrainConfig(_LaterOptions):
     harnesses: list[str] | None = None
     clip_low: float = Field(default=0.2, gt=0)
     clip_high: float = Field(default=0.2, gt=0)
-    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    agg: Annotated[str, OneOf(LOSS_AGGREGATIONS)] = "token_mean"
     max_len: int | None = Field(default=None, gt=0)
     max_staleness: int = Field(default=0, ge=0)
     old_logprobs: Literal["recompute", "sampler"] | None = None
@@ -178,6 +186,15 @@ class TrainConfig(_LaterOptions):
     truncated_reward: Literal["zero", "graded"] = "zero"
     reference: Literal["initial", "base"] = "initial"
     init_adapter: str | None = None
+    # The training seed: the seed of everything the train stage draws for this arm (the adapter's
+    # initial weights, the mini-batch order, the control's rewards, online sampling); None: the
+    # run's `seed`. The frozen rollouts, the split and the sealed evaluation keep the run's seeds.
+    seed: int | None = Field(default=None, ge=0)
+    # Train each arm once per training seed in this list, as its own checkpoint `<arm>@s<seed>`
+    # (RunConfig.arm_configs); a contrast or finding naming the arm is estimated over its seeds
+    # and the tasks (docs/experiments/findings-rules.md). None: one checkpoint `<arm>`, trained
+    # with `seed` (or the run's).
+    seeds: list[int] | None = None
     checkpoint_every: int = Field(default=1, ge=1)
     save_every: int | None = Field(default=None, ge=1)
     share_prompt: bool = True
@@ -220,8 +237,18 @@ class TrainConfig(_LaterOptions):
         """Passes over the frozen rollouts (1 unless ``epochs`` is set; frozen mode only)."""
         return self.epochs or 1
 
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or len(set(v)) != len(v) or min(v) < 0):
+            raise ValueError(f"train.seeds={v}: needs a non-empty list of distinct training seeds >= 0")
+        return v
+
     @model_validator(mode="after")
     def _check_combination(self) -> "TrainConfig":
+        if self.seed is not None and self.seeds is not None:
+            raise ValueError(f"train.seed={self.seed} with train.seeds={self.seeds}: seed is one training seed, seeds "
+                             "trains one checkpoint per seed; set one of them")
         if self.init_adapter is not None and not (Path(self.init_adapter) / "adapter_config.json").is_file():
             raise ValueError(f"train.init_adapter={self.init_adapter!r} is not a peft adapter folder (no "
                              "adapter_config.json there)")
@@ -261,8 +288,9 @@ class TrainConfig(_LaterOptions):
         if self.kl.importance_weighted and self.kl.placement == "reward":
             raise ValueError("train.kl.importance_weighted applies to the in-loss KL; placement 'reward' has none "
                              "(use placement 'loss' or 'both')")
-        if self.agg == "seq_mean_token_sum_norm" and self.max_len is None:
-            raise ValueError("train.agg='seq_mean_token_sum_norm' (Dr. GRPO) needs train.max_len, the constant normaliser")
+        if LOSS_AGGREGATIONS.get(self.agg).needs_max_len and self.max_len is None:
+            raise ValueError(f"train.agg={self.agg!r} ({LOSS_AGGREGATIONS.get(self.agg).source}) needs train.max_len, "
+                             "the constant normaliser")
         return self
 
 

@@ -82,18 +82,21 @@ def swebench_files(run_name: str, plan: dict[str, Any], rows: list[dict[str, Any
 
 def write_exports(store: ArtifactStore, run_name: str, plan: dict[str, Any], p_hash: str, rows: list[dict[str, Any]],
                   cells: list[dict[str, Any]], turns: "TurnSource", tasks: dict[str, dict[str, Any]],
-                  systems: dict[str, str], turn_times: dict[str, list[list[float]]] | None = None) -> list[str]:
+                  systems: dict[str, str], turn_times: dict[str, list[list[float]]] | None = None,
+                  tool_calls: dict[str, list[list[dict[str, Any]]]] | None = None) -> list[str]:
     """Write the SWE-bench-style files and the Inspect logs atomically; returns the written paths.
     ``turns``: the attempts' turn rows, or a function from eval_ids to their turn rows (one Inspect
     log's worth at a time); ``tasks``: task_id -> task row; ``systems``: harness name -> its rendered
-    system prompt; ``turn_times``: eval_id -> each turn's engine-call timing (see
+    system prompt; ``turn_times``: eval_id -> each turn's engine-call timing; ``tool_calls``:
+    eval_id -> each turn's tool-call records (both: see
     :func:`tasks.evaluate.inspect_log.write_inspect_logs`)."""
     from tasks.evaluate.inspect_log import write_inspect_logs
 
     files = swebench_files(run_name, plan, rows)
     for rel, data in files.items():
         store.write_bytes(rel, data)
-    logs = write_inspect_logs(store, run_name, plan, p_hash, rows, cells, turns, tasks, systems, turn_times=turn_times)
+    logs = write_inspect_logs(store, run_name, plan, p_hash, rows, cells, turns, tasks, systems, turn_times=turn_times,
+                              tool_calls=tool_calls)
     return [*files, *logs]
 
 

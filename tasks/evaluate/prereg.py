@@ -24,28 +24,45 @@ PREREG = "freeze/preregistration.json"
 PREREG_SIG = "freeze/preregistration.sig"
 
 
-def default_contrasts(checkpoints: list[dict[str, Any]], harnesses: list[str]) -> list[dict[str, Any]]:
+def default_contrasts(checkpoints: list[dict[str, Any]], harnesses: list[str],
+                      seeded: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
     """``<checkpoint> - base`` for every trained checkpoint (``final``, or each training arm) under
     each evaluation harness, named ``<checkpoint>-vs-base:<harness>``, checkpoint-major in the
-    checkpoints' order (none when ``base`` is absent)."""
-    names = [c["name"] for c in checkpoints]
+    checkpoints' order (none when ``base`` is absent). ``seeded``: arm -> its seed checkpoints
+    (:func:`arm_seeds`); those checkpoints stand as their arm, one contrast per arm."""
+    arm_of = {ck: arm for arm, cks in (seeded or {}).items() for ck in cks}
+    names = list(dict.fromkeys(arm_of.get(c["name"], c["name"]) for c in checkpoints))
     if "base" not in names:
         return []
     return [{"name": f"{n}-vs-base:{h}", "a": {"checkpoint": n, "harness": h}, "b": {"checkpoint": "base", "harness": h}}
             for n in names if n != "base" for h in harnesses]
 
 
+def arm_seeds(cfg: "RunConfig") -> dict[str, list[str]]:
+    """Each arm trained under several seeds (``train.seeds``) -> its seed checkpoints
+    (``<arm>@s<seed>``), in config order; empty when no arm sets ``seeds``."""
+    return {arm: cks for arm, cks in cfg.arm_groups().items() if cks != [arm]}
+
+
 def preregistration(cfg: "RunConfig") -> dict[str, Any]:
     """The pre-registered evaluation of ``cfg``: ``{"version", "harnesses", "held_out",
     "contrasts" (list of contrast dicts, or "default"), "alpha"}`` and, when the config names
-    findings, ``"findings"`` (each headline with its verdict rule), and when it sets
+    findings, ``"findings"`` (each headline with its verdict rule) and ``"findings_rule"`` (the
+    version of the rule that decides them, :data:`tasks.evaluate.findings.FINDINGS_RULE`), when
+    an arm trains under several seeds, ``"arm_seeds"`` (:func:`arm_seeds`: the seeds are fixed
+    before any run, not added until an interval clears 0), and when it sets
     ``evaluate.max_infra_error_fraction``, that threshold."""
+    from tasks.evaluate.findings import FINDINGS_RULE
+
     contrasts = "default" if cfg.evaluate.contrasts is None else [c.model_dump(mode="json")
                                                                    for c in cfg.evaluate.contrasts]
     pre = {"version": 1, "harnesses": sorted(cfg.eval_harnesses()), "held_out": sorted(cfg.held_out_harnesses()),
            "contrasts": contrasts, "alpha": cfg.evaluate.alpha}
     if cfg.evaluate.findings:  # only when set: pre-registrations without findings keep their hash
         pre["findings"] = [f.model_dump(mode="json") for f in cfg.evaluate.findings]
+        pre["findings_rule"] = FINDINGS_RULE
+    if arm_seeds(cfg):  # likewise
+        pre["arm_seeds"] = arm_seeds(cfg)
     if cfg.evaluate.max_infra_error_fraction is not None:  # likewise: only when set
         pre["max_infra_error_fraction"] = cfg.evaluate.max_infra_error_fraction
     return pre
@@ -66,10 +83,11 @@ def write_preregistration(store: "ArtifactStore", cfg: "RunConfig") -> str:
 def differences(pre: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """How ``plan`` departs from the pre-registration ``pre``: one line per field (empty: none)."""
     out = []
-    for k in ("harnesses", "held_out", "alpha", "findings", "max_infra_error_fraction"):
+    for k in ("harnesses", "held_out", "alpha", "findings", "findings_rule", "arm_seeds", "max_infra_error_fraction"):
         if plan.get(k) != pre.get(k):
             out.append(f"{k}: plan {plan.get(k)!r}, pre-registered {pre.get(k)!r}")
-    want = default_contrasts(plan["checkpoints"], pre["harnesses"]) if pre.get("contrasts") == "default" \
+    want = default_contrasts(plan["checkpoints"], pre["harnesses"], plan.get("arm_seeds")) \
+        if pre.get("contrasts") == "default" \
         else pre.get("contrasts")
     if plan.get("contrasts") != want:
         got = [c.get("name") for c in plan.get("contrasts") or []]

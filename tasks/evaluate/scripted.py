@@ -22,7 +22,9 @@ class ScriptedRunner:
     """Outcome of episode (record, tag, sample) from ``u = seed_from(seed, tag, record_id,
     sample) / 2**60`` (uniform in [0, 1)): ``infra_error`` when ``u < infra_rate``, else resolved
     (reward 1.0, answer ``"ok"``) with probability ``p_resolve[harness_name]``
-    (``default_p`` otherwise), else unresolved (reward 0.0, answer ``"no"``).
+    (``default_p`` otherwise; ``p_checkpoint[checkpoint]`` for the attempts of a checkpoint it
+    names, the call's tag being ``eval:<checkpoint>...``), else unresolved (reward 0.0, answer
+    ``"no"``).
 
     With ``turns`` = 1 (the default) each episode has one turn (token ids ``[1]`` -> ``[2]``) whose
     action is the final answer, or a call of the ``submit`` tool when the harness name is in
@@ -41,6 +43,9 @@ class ScriptedRunner:
 
     p_resolve: dict[str, float] = field(default_factory=dict)
     default_p: float = 0.5
+    # the resolve probability of a checkpoint's attempts (a call tagged ``eval:<checkpoint>...``),
+    # before p_resolve and default_p: tests give training arms and seeds different pass rates
+    p_checkpoint: dict[str, float] = field(default_factory=dict)
     infra_rate: float = 0.0
     seed: int = 0
     tool_harnesses: tuple[str, ...] = ()
@@ -73,7 +78,9 @@ class ScriptedRunner:
         eps: list[dict[str, Any]] = []
         turns: list[dict[str, Any]] = []
         for r in records:
-            p = self.p_resolve.get(r["harness_name"], self.default_p)
+            ck = tag.split(":")[1] if tag.startswith("eval:") else None
+            p = self.p_checkpoint[ck] if ck in self.p_checkpoint else self.p_resolve.get(r["harness_name"],
+                                                                                          self.default_p)
             for i in range(samples):
                 s = seed_from(seed, r["record_id"], i)
                 u = seed_from(self.seed, tag, r["record_id"], i) / float(1 << 60)  # seed_from has 60 bits

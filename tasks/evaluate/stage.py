@@ -26,11 +26,12 @@ from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
 from tasks.evaluate.seal import plan_hash, seal_rows
 from tasks.evaluate import witness
-from tasks.evaluate.prereg import PREREG, PREREG_SIG, default_contrasts, differences, read_preregistration
+from tasks.evaluate.plan import build_plan, evaluate_config_hash
+from tasks.evaluate.prereg import PREREG, PREREG_SIG, differences, read_preregistration
 from tasks.evaluate.signing import HEAD_SIG, PLAN_SIG, PUBLIC_KEY, load_or_create_key, sign
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
-from tasks.rollout.loop_plugins import plugin_of, state_artifacts
+from tasks.rollout.loop_plugins import plugin_of
 from tasks.harnesses.frozen import harness_specs
 from tasks.rollout.runner import iter_records
 from tasks.records.split_guard import check_leakage
@@ -53,75 +54,6 @@ class _Ticker:
         self.t = now
 
 
-def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[str, Any]],
-               checkpoints: list[dict[str, Any]], inputs: dict[str, ArtifactRef]) -> dict[str, Any]:
-    """The evaluation plan: every (test record, checkpoint, attempt) that will run, and how, with
-    the pre-registered contrasts and the held-out (evaluation-only) harnesses marked.
-
-    Raises:
-        ValueError: no test record under an evaluation harness, or a contrast names a checkpoint
-            that is not evaluated (the message names the contrast and the checkpoint).
-    """
-    eval_names = cfg.eval_harnesses()
-    recs = sorted((r for r in records if r["split"] == "test" and r["harness_name"] in eval_names),
-                  key=lambda r: (r["harness_name"], r["record_id"]))
-    if not recs:
-        raise ValueError("evaluate: no test-split records under the evaluation harnesses")
-    missing = sorted(set(eval_names) - {r["harness_name"] for r in recs})
-    if missing:
-        raise ValueError(f"evaluate: no test-split records for evaluation harness(es) {missing} "
-                         "(freeze again: the records predate evaluate.harnesses?)")
-    ck_names = [c["name"] for c in checkpoints]
-    if cfg.evaluate.contrasts is None:
-        contrasts = default_contrasts(checkpoints, sorted(eval_names))
-    else:
-        contrasts = [c.model_dump(mode="json") for c in cfg.evaluate.contrasts]
-        for c in contrasts:
-            for side in ("a", "b"):
-                if c[side]["checkpoint"] not in ck_names:
-                    raise ValueError(f"evaluate.contrasts[{c['name']!r}].{side}.checkpoint="
-                                     f"{c[side]['checkpoint']!r} is not a checkpoint of this run {ck_names}")
-    trained_on = "+".join(cfg.harnesses)
-    # the suite of each test task, sealed where a contrast or finding counts one suite only
-    by_suite = [it.suite for it in (cfg.evaluate.contrasts or []) + (cfg.evaluate.findings or []) if it.suite]
-    suite_of = {t["task_id"]: t["suite"] for t in tasks if t["split"] == "test"} if by_suite else {}
-    for name in by_suite:
-        if name not in suite_of.values():
-            raise ValueError(f"evaluate: suite {name!r} (a contrast's or finding's suite) has no test task; the run's "
-                             f"test suites are {sorted(set(suite_of.values()))}")
-    return {
-        "version": 2,
-        "records": [{"record_id": r["record_id"], "task_id": r["task_id"], "task_hash": r["task_hash"],
-                     "harness_name": r["harness_name"], "harness_id": r["harness_id"]} for r in recs],
-        "checkpoints": [{"name": c["name"], "path": c["path"], "adapter_sha256": c["adapter_sha256"],
-                         "base_model_id": c["base_model_id"],
-                         "train_harnesses": trained_on if c["path"] else ""} for c in checkpoints],
-        "harnesses": sorted(eval_names),
-        "held_out": sorted(cfg.held_out_harnesses()),
-        "attempts": cfg.evaluate.attempts,
-        "seed": cfg.evaluate.seed,
-        "contrasts": contrasts,
-        "min_graded_fraction": cfg.evaluate.min_graded_fraction,
-        "infra_retries": cfg.evaluate.infra_retries,
-        "alpha": cfg.evaluate.alpha,
-        "bootstrap_resamples": cfg.evaluate.bootstrap_resamples,
-        "power": cfg.evaluate.power,
-        "policy": cfg.policy.model_dump(mode="json"),
-        "sandbox": cfg.sandbox.model_dump(mode="json"),
-        # the papers' headlines and their verdict rules (only when set: plans without keep their hash)
-        **({"findings": [f.model_dump(mode="json") for f in cfg.evaluate.findings]} if cfg.evaluate.findings else {}),
-        # the findings threshold on infra errors, when the config sets it (unset: the documented default)
-        **({"max_infra_error_fraction": cfg.evaluate.max_infra_error_fraction}
-           if cfg.evaluate.max_infra_error_fraction is not None else {}),
-        **({"suite_of": dict(sorted(suite_of.items()))} if suite_of else {}),
-        "inputs": {k: v.sha256 for k, v in sorted(inputs.items())},
-        # harnesses of a plugged-in loop type run with the rollout stage's fitted state (talkmesh:
-        # the confidence head that scores its agents): sealed with its file
-        **({"loop_states": states} if (states := {name: {"path": inputs[name].path, "sha256": inputs[name].sha256}
-                                                   for name in state_artifacts() if name in inputs}) else {}),
-    }
-
-
 def _row(e: dict[str, Any], r: dict[str, Any], ck: dict[str, Any], attempt: int, retry: int, retry_of: str
          ) -> dict[str, Any]:
     status = e["status"] if e["status"] != "ok" else ("resolved" if e["success"] else "unresolved")
@@ -133,11 +65,6 @@ def _row(e: dict[str, Any], r: dict[str, Any], ck: dict[str, Any], attempt: int,
         "num_turns": e["num_turns"], "output_tokens": e["output_tokens"], "final_answer": e.get("final_answer") or "",
         "answer_parsed": bool(e["answer_parsed"]), "retry": retry, "retry_of": retry_of,
     }
-
-
-def evaluate_config_hash(cfg: RunConfig) -> str:
-    """The config hash the evaluate stage stamps on its artifacts (the sections it reads)."""
-    return cfg.section_hash("policy", "sandbox", "evaluate", "rollout")
 
 
 def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef], *,
@@ -166,7 +93,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
 
     Raises:
         tasks.records.split_guard.LeakageError: a test-split task is in the training rollouts or train records.
-        ValueError: see :func:`build_plan`; a checkpoint's files changed since training; a turn
+        ValueError: see :func:`tasks.evaluate.plan.build_plan`; a checkpoint's files changed since training; a turn
             whose episode is no sealed attempt.
     """
     from tasks.evaluate.exports import write_exports
@@ -227,6 +154,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     # eval_id -> the engine's [start, end, batch size] per turn, for the Inspect logs' timing (the
     # runner's episode dicts carry it; no artifact does: it differs between runs)
     turn_times: dict[str, list[list[float]]] = {}
+    tool_calls: dict[str, list[list[dict[str, Any]]]] = {}  # eval_id -> per turn its tool calls' times
     ch = evaluate_config_hash(cfg)
     with store.stream("evaluate", "eval_turns", contract="turns") as turns_out, \
             tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:
@@ -239,6 +167,8 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
                 for e in eps:
                     if e.get("turn_times"):
                         turn_times[e["episode_id"]] = e["turn_times"]
+                    if any(e.get("tool_calls") or []):
+                        tool_calls[e["episode_id"]] = e["tool_calls"]
                 yield from eps
 
         for ck in plan["checkpoints"]:
@@ -317,7 +247,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
     # an Inspect log needs each turn's text only: the token-id columns are never decoded
     turns_of = functools.partial(store.rows_where, turns_ref, "episode_id", columns=list(TURN_COLUMNS))
     write_exports(store, cfg.name, plan, ph, sealed, cells, turns_of, task_by_id,
-                  {s.name: s.render_system() for s in specs.values()}, turn_times=turn_times)
+                  {s.name: s.render_system() for s in specs.values()}, turn_times=turn_times, tool_calls=tool_calls)
     tick("exports")
     return {"evaluations": ref, "eval_cells": cells_ref, "eval_contrasts": con_ref, "eval_turns": turns_ref,
             **found}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -59,7 +59,10 @@ def final_attempts(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, int]
     return out
 
 
-def _per_task(finals: dict[tuple[str, str, str, int], dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[dict]]]:
+def attempts_by_cell_and_task(finals: dict[tuple[str, str, str, int], dict[str, Any]]
+                              ) -> dict[tuple[str, str], dict[str, list[dict]]]:
+    """The final attempts (:func:`final_attempts`) per (checkpoint, harness_name) cell, per task:
+    ``{(checkpoint, harness_name): {task_id: [row, ...]}}``, rows in the order given."""
     cells: dict[tuple[str, str], dict[str, list[dict]]] = {}
     for (ck, h, _rid, _a), r in finals.items():
         cells.setdefault((ck, h), {}).setdefault(r["task_id"], []).append(r)
@@ -71,7 +74,7 @@ def graded_counts(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str,
     each planned attempt (:func:`final_attempts`); tasks with no graded attempt are left out. A
     task's success rate is ``resolved / graded``."""
     out: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
-    for key, tasks in _per_task(final_attempts(rows)).items():
+    for key, tasks in attempts_by_cell_and_task(final_attempts(rows)).items():
         for t, rs in tasks.items():
             g = [r for r in rs if r["status"] in GRADED]
             if g:
@@ -111,7 +114,7 @@ def cell_table(rows: list[dict[str, Any]], plan: dict[str, Any], min_graded_frac
     tasks_per_h: dict[str, int] = {}
     for rec in plan["records"]:
         tasks_per_h[rec["harness_name"]] = tasks_per_h.get(rec["harness_name"], 0) + 1
-    per = _per_task(final_attempts(rows))
+    per = attempts_by_cell_and_task(final_attempts(rows))
     out = []
     for ck in plan["checkpoints"]:
         for h in plan["harnesses"]:
@@ -201,6 +204,50 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, resamples: int, seed: int, le
     return float(d.mean()), float(lo), float(hi), p
 
 
+def seed_task_bootstrap(groups: list[np.ndarray], stat: Callable[[list[np.ndarray]], float], resamples: int,
+                        seed: int, level: float) -> tuple[float, float, float, np.ndarray]:
+    """Hierarchical bootstrap over training seeds and tasks of a statistic of several arms.
+
+    ``groups[i]``: float64 ``[S_i, ..., T]``, arm i's per-task success rates under each of its
+    S_i training seeds (the base checkpoint, untrained, is one row); the same T tasks, in the same
+    order, in every group. The estimate is ``stat`` of the seed means ``[g.mean(axis=0) for g in
+    groups]`` (each ``[..., T]``). Each of ``resamples`` resamples (numpy ``default_rng(seed)``)
+    first draws, for each group in order, S_i of its seeds with replacement (nothing is drawn for a
+    group of one), then T task indices with replacement, one draw shared by every group and seed:
+    a test task is graded under every seed, so a task that is hard stays hard in every seed of the
+    resample (drawing tasks anew per seed would treat the seeds' shared tasks as independent and
+    understate the task variance). The seeds' spread enters through the seed draws: the interval
+    widens with it. This is the two-way (crossed) bootstrap of Owen, "The pigeonhole bootstrap",
+    Ann. Appl. Stat. 1 (2007), with the tasks paired across arms. With S seeds the seed variance
+    is estimated from S values (the bootstrap's is (S - 1) / S of it): 3 seeds give a rough one.
+
+    Returns:
+        ``(estimate, ci_low, ci_high, boot)``: the percentile interval at confidence ``level``
+        and the ``resamples`` bootstrap values (float64 ``[resamples]``).
+
+    Raises:
+        ValueError: no group, groups with different task counts or no task, ``resamples`` < 1 or
+            ``level`` outside (0, 1).
+    """
+    if not groups or len({g.shape[-1] for g in groups}) != 1 or groups[0].shape[-1] == 0:
+        raise ValueError(f"seed_task_bootstrap needs groups over the same non-empty tasks, got shapes "
+                         f"{[g.shape for g in groups]}")
+    if resamples < 1 or not (0.0 < level < 1.0):
+        raise ValueError(f"seed_task_bootstrap: resamples={resamples} must be >= 1 and level={level} in (0, 1)")
+    arrs = [np.asarray(g, dtype=np.float64) for g in groups]
+    n = arrs[0].shape[-1]
+    est = float(stat([g.mean(axis=0) for g in arrs]))
+    rng = np.random.default_rng(seed)
+    boot = np.empty(resamples, dtype=np.float64)
+    for r in range(resamples):
+        means = [g[rng.integers(0, len(g), len(g))].mean(axis=0) if len(g) > 1 else g[0] for g in arrs]
+        t = rng.integers(0, n, n)
+        boot[r] = stat([m[..., t] for m in means])
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(boot, [tail, 1.0 - tail])
+    return est, float(lo), float(hi), boot
+
+
 def pass_at_1_intervals(rows: list[dict[str, Any]], resamples: int, seed: int, level: float = 0.95
                         ) -> dict[tuple[str, str], tuple[float, float, float, int]]:
     """Per (checkpoint, harness): ``(pass@1, ci_low, ci_high, n_tasks)`` over the sealed rows'
@@ -218,7 +265,7 @@ def pass_at_1_intervals(rows: list[dict[str, Any]], resamples: int, seed: int, l
         ValueError: ``resamples`` < 1 or ``level`` outside (0, 1) (from paired_bootstrap).
     """
     out = {}
-    for key, per_task in sorted(_per_task(final_attempts(rows)).items()):
+    for key, per_task in sorted(attempts_by_cell_and_task(final_attempts(rows)).items()):
         graded = [[r for r in rs if r["status"] in GRADED] for _, rs in sorted(per_task.items())]
         shares = np.array([sum(r["resolved"] for r in g) / len(g) for g in graded if g], dtype=np.float64)
         if shares.size:
@@ -246,6 +293,21 @@ def min_detectable_difference(sd_diff: float, n: int, alpha: float, m: int, powe
     return (z.inv_cdf(1.0 - alpha / (2 * m)) + z.inv_cdf(power)) * sd_diff / math.sqrt(n)
 
 
+def arm_members(plan: dict[str, Any], name: str) -> list[str]:
+    """The checkpoints a contrast side or finding cell ``name`` stands for: the seed checkpoints of
+    an arm trained under several seeds (``plan["arm_seeds"]``: arm -> ``[<arm>@s<seed>, ...]``),
+    else ``[name]``."""
+    return list((plan.get("arm_seeds") or {}).get(name, [name]))
+
+
+def training_seeds(plan: dict[str, Any], name: str) -> int:
+    """How many training runs ``name`` (a checkpoint or a seeded arm) stands for: 0 for an
+    untrained checkpoint (``base``: no path in the plan), else its seed checkpoints' count."""
+    paths = {c["name"]: c.get("path") for c in plan["checkpoints"]}
+    members = arm_members(plan, name)
+    return 0 if all(not paths.get(m) for m in members) else len(members)
+
+
 def contrast_table(rows: list[dict[str, Any]], plan: dict[str, Any], cells: list[dict[str, Any]], *,
                    alpha: float, resamples: int, power: float) -> list[dict[str, Any]]:
     """Rows of the ``eval_contrasts`` artifact: each pre-registered contrast in ``plan["contrasts"]``
@@ -253,11 +315,20 @@ def contrast_table(rows: list[dict[str, Any]], plan: dict[str, Any], cells: list
     (resolved / graded final attempts) on the tasks both arms graded (of the contrast's ``suite``
     only, when it names one: ``plan["suite_of"]`` maps each test task to its suite).
 
+    A side may name an arm trained under several seeds (:func:`arm_members`): its rate on a task
+    is then the mean over its seed checkpoints, the tasks are those every seed checkpoint of both
+    sides graded, and the interval is :func:`seed_task_bootstrap`'s (seeds, then tasks;
+    ``interval`` = ``seed-task``; ``mdd`` None: the paired formula has no seed term). Otherwise the
+    interval is :func:`paired_bootstrap`'s over tasks (``interval`` = ``task``), exactly as before
+    seeds existed. ``a_seeds`` / ``b_seeds``: the training runs each side stands for
+    (:func:`training_seeds`; 0 for ``base``).
+
     Bonferroni over the m contrasts: each CI is at level ``1 - alpha/m`` and each p-value is
     multiplied by m (capped at 1). The bootstrap seed of a contrast is
     ``seed_from(plan["seed"], "bootstrap", name)``. A contrast whose arm's cell is not counted
-    (below the graded fraction) gets status ``cell_not_counted`` and null numbers; one with no
-    task graded by both arms ``no_common_tasks``.
+    (below the graded fraction; for a seeded arm, any of its seed checkpoints' cells) gets status
+    ``cell_not_counted`` and null numbers; one with no task graded by both arms
+    ``no_common_tasks``.
     """
     contrasts = plan["contrasts"]
     m = len(contrasts)
@@ -272,30 +343,43 @@ def contrast_table(rows: list[dict[str, Any]], plan: dict[str, Any], cells: list
     for c in contrasts:
         a, b = c["a"], c["b"]
         seed = seed_from(plan["seed"], "bootstrap", c["name"])
+        ma, mb = arm_members(plan, a["checkpoint"]), arm_members(plan, b["checkpoint"])
+        seeded = len(ma) > 1 or len(mb) > 1
         row: dict[str, Any] = {"name": c["name"], "a_checkpoint": a["checkpoint"], "a_harness": a["harness"],
                                "b_checkpoint": b["checkpoint"], "b_harness": b["harness"],
                                "held_out": a["harness"] in held or b["harness"] in held, "status": "ok", "n_tasks": 0,
                                "a_mean": None, "b_mean": None, "estimate": None, "ci_low": None, "ci_high": None,
                                "p_value": None, "p_bonferroni": None, "alpha": alpha, "m_contrasts": m,
-                               "sd_diff": None, "mdd": None, "power": power, "resamples": resamples, "seed": seed}
-        if not (counted.get((a["checkpoint"], a["harness"])) and counted.get((b["checkpoint"], b["harness"]))):
+                               "sd_diff": None, "mdd": None, "power": power, "resamples": resamples, "seed": seed,
+                               "a_seeds": training_seeds(plan, a["checkpoint"]),
+                               "b_seeds": training_seeds(plan, b["checkpoint"]),
+                               "interval": "seed-task" if seeded else "task"}
+        if not (all(counted.get((x, a["harness"])) for x in ma) and all(counted.get((x, b["harness"])) for x in mb)):
             row["status"] = "cell_not_counted"
             out.append(row)
             continue
-        sa, sb = scores(a["checkpoint"], a["harness"]), scores(b["checkpoint"], b["harness"])
-        common = sorted(set(sa) & set(sb))
+        sa = [scores(x, a["harness"]) for x in ma]
+        sb = [scores(x, b["harness"]) for x in mb]
+        common = sorted(set.intersection(*[set(x) for x in sa + sb]))
         if c.get("suite"):
             common = [t for t in common if plan["suite_of"].get(t) == c["suite"]]
         if not common:
             row["status"] = "no_common_tasks"
             out.append(row)
             continue
-        va = np.array([sa[t] for t in common])
-        vb = np.array([sb[t] for t in common])
-        est, lo, hi, p = paired_bootstrap(va, vb, resamples, seed, 1.0 - alpha / m)
+        ga = np.array([[x[t] for t in common] for x in sa], dtype=np.float64)  # [seeds of a, tasks]
+        gb = np.array([[x[t] for t in common] for x in sb], dtype=np.float64)
+        va, vb = ga.mean(axis=0), gb.mean(axis=0)
+        level = 1.0 - alpha / m
+        if seeded:
+            est, lo, hi, boot = seed_task_bootstrap([ga, gb], lambda g: float((g[0] - g[1]).mean()), resamples, seed,
+                                                    level)
+            p = min(1.0, 2.0 * min(float(np.mean(boot <= 0.0)), float(np.mean(boot >= 0.0))))
+        else:
+            est, lo, hi, p = paired_bootstrap(va, vb, resamples, seed, level)
         sd = float(np.std(va - vb, ddof=1)) if len(common) > 1 else 0.0
         row.update(n_tasks=len(common), a_mean=float(va.mean()), b_mean=float(vb.mean()), estimate=est, ci_low=lo,
                    ci_high=hi, p_value=p, p_bonferroni=min(1.0, p * m), sd_diff=sd,
-                   mdd=min_detectable_difference(sd, len(common), alpha, m, power))
+                   mdd=None if seeded else min_detectable_difference(sd, len(common), alpha, m, power))
         out.append(row)
     return out

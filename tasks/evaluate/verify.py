@@ -61,20 +61,45 @@ KERNEL_DEPENDENT: dict[str, Callable[[dict[str, Any], str], bool]] = {
 }
 
 
-def _p1_verdict_on_recorded_numbers(expected: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
+def _p1_verdict_on_recorded_numbers(expected: dict[str, Any], got: dict[str, Any], rule: int = 1) -> dict[str, Any]:
     """A recomputed ``p1_predictor_gap`` finding row whose recorded estimate and interval are within
     tolerance of the recomputed ones, with the verdict and reason the rule gives on the *recorded*
     numbers: an interval end within rounding of the margin (a gap of 1e-16 against 0) may fall on
     either side of it on another BLAS kernel, so the recorded verdict must follow from the recorded
     numbers, and those from the rows. Any other row: unchanged."""
-    from tasks.evaluate.findings import verdict
+    from tasks.evaluate.findings import decide
 
     if expected.get("measure") != "p1_predictor_gap" or not all(floats_close(got.get(k), expected[k])
                                                                  for k in P1_VALUES):
         return expected
-    v, why = verdict(expected["claim"], got["estimate"], got["ci_low"], got["ci_high"], expected["margin"],
-                     expected["control_estimate"])
+    v, why = decide({**expected, **{k: got[k] for k in P1_VALUES}}, rule)
     return {**expected, "verdict": v, "reason": why}
+
+
+def stored_version(store: ArtifactStore, stage: str, name: str) -> int | None:
+    """The contract version ``<stage>/<name>.parquet`` was written under (its Parquet metadata);
+    None when the file has none or cannot be read (the row comparison then names what is wrong)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(pa.BufferReader(store.read_bytes(f"{stage}/{name}.parquet"))).metadata or {}
+        return int(meta[b"harnessrl.version"])
+    except (pa.ArrowInvalid, OSError, KeyError, ValueError):
+        return None
+
+
+def as_written(name: str, version: int | None, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Recomputed rows of table ``name`` with only the columns of the contract version the stored
+    file was written under, when that is an earlier one the contract still reads (a run written
+    before a column existed is compared on its own columns); else unchanged."""
+    from schemas import get_contract
+
+    c = get_contract(name)
+    if version is None or version == c.version or version not in c.older:
+        return rows
+    cols = c.older[version].names
+    return [{k: r.get(k) for k in cols} for r in rows]
 
 
 # The tables each kind of run recomputes (their manifests say which machine wrote them)
@@ -186,8 +211,14 @@ def _verify_stats(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[st
             got = store.raw_rows("evaluate", name)
         except ArtifactError as e:
             raise SealError(f"evaluate/{name}.parquet: {e}") from None
+        version = stored_version(store, "evaluate", name)
+        if name == "eval_findings" and plan.get("findings_rule", 1) >= 2 and version is not None and version < 2:
+            raise SealError(f"evaluate/{name}.parquet: written as version {version}, but the plan's verdict rule "
+                            f"{plan['findings_rule']} writes version 2 (the file was replaced)")
+        expected = as_written(name, version, expected)
         if other and name == "eval_findings" and len(got) == len(expected):
-            expected = [_p1_verdict_on_recorded_numbers(e, g) for e, g in zip(expected, got)]
+            rule = int(plan.get("findings_rule", 1))
+            expected = [_p1_verdict_on_recorded_numbers(e, g, rule) for e, g in zip(expected, got)]
         check_recomputed(f"evaluate/{name}.parquet", got, expected, KERNEL_DEPENDENT.get(name) if other else None)
 
 

@@ -41,13 +41,15 @@ class ToolEnv(Protocol):
 class ToolOutput:
     """A tool's result: ``text`` for the observation; ``files_read`` (work-dir paths whose content
     entered the context, for read spans); ``submitted`` True when the tool ends the episode, with
-    ``answer`` (may be None)."""
+    ``answer`` (may be None); ``status`` and ``exit_code`` the sandbox's exec status and exit status
+    when the tool ran a command (``exit_code`` None otherwise, or when the sandbox killed it)."""
 
     text: str
     files_read: tuple[str, ...] = ()
     submitted: bool = False
     answer: str | None = None
     status: str = "ok"  # the sandbox's exec status when the tool ran a command
+    exit_code: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,12 +99,12 @@ def _python(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
     sbx = env.sandbox()
     sbx.write_file(".harness/main.py", str(args["code"]))
     res = sbx.exec(["python3", "-I", ".harness/main.py"], timeout_s=timeout_s)
-    return ToolOutput(_exec_text(res), status=res.status)
+    return ToolOutput(_exec_text(res), status=res.status, exit_code=res.exit_code)
 
 
 def _shell(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
     res = env.sandbox().exec(["bash", "-c", str(args["command"])], timeout_s=timeout_s)
-    return ToolOutput(_exec_text(res), status=res.status)
+    return ToolOutput(_exec_text(res), status=res.status, exit_code=res.exit_code)
 
 
 def _read(env: ToolEnv, path: str) -> str | None:
@@ -164,7 +166,7 @@ def _search(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
     path = _safe_path(args.get("path") or ".")
     cmd = f"grep -rnE --binary-files=without-match -e {shlex.quote(str(args['pattern']))} -- {shlex.quote(path)} | head -n 50"
     res = env.sandbox().exec(["bash", "-c", cmd], timeout_s=timeout_s)
-    return ToolOutput(res.stdout.strip() or "No matches.", status=res.status)
+    return ToolOutput(res.stdout.strip() or "No matches.", status=res.status, exit_code=res.exit_code)
 
 
 def _glob(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
@@ -172,13 +174,13 @@ def _glob(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
                              timeout_s=timeout_s)
     pattern = str(args["pattern"])
     hits = [p for p in res.stdout.splitlines() if fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p, f"*/{pattern}")]
-    return ToolOutput("\n".join(hits[:200]) or "No files match.", status=res.status)
+    return ToolOutput("\n".join(hits[:200]) or "No files match.", status=res.status, exit_code=res.exit_code)
 
 
 def _list_dir(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:
     path = _safe_path(args.get("path") or ".")
     res = env.sandbox().exec(["ls", "-la", "--", path], timeout_s=timeout_s)
-    return ToolOutput(_exec_text(res), status=res.status)
+    return ToolOutput(_exec_text(res), status=res.status, exit_code=res.exit_code)
 
 
 def _submit(env: ToolEnv, args: dict[str, Any], timeout_s: float) -> ToolOutput:

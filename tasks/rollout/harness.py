@@ -173,6 +173,10 @@ class _Episode:
     # per turn: [start, end] (Unix seconds) of the engine call that sampled it, and the number of
     # requests in that call (a batch shares one call); not in any artifact (not reproducible)
     turn_times: list[list[float]] = field(default_factory=list)
+    # per turn: the tool calls that ran, each ``{"tool", "start", "end", "status", "exit_code"}`` and
+    # either ``shown``: ``[offset, length]`` of its text in the turn's observation, or ``output``:
+    # its text when no observation showed it (the episode ended); not in any artifact either
+    tool_calls: list[list[dict[str, Any]]] = field(default_factory=list)
 
     def stop_reason(self) -> str:
         """One of :data:`STOP_REASONS` for a finished episode."""
@@ -259,16 +263,21 @@ def _run_calls(ep: _Episode, spec: HarnessSpec, parsed: ParsedReply, sandbox_cfg
                ) -> tuple[list[tuple[str, ToolOutput]], bool]:
     """Run the reply's tool calls in order; returns ((tool, output) pairs, episode submitted)."""
     outs: list[tuple[str, ToolOutput]] = []
+    timed = ep.tool_calls[-1]
     for call in parsed.calls:
         tool = spec.tool(call.tool)
         assert tool is not None
         timeout = min(tool.timeout_s, sandbox_cfg.wall_s) if IMPLS[call.impl].needs == "sandbox" else tool.timeout_s
+        t0 = time.time()
         try:
             out = IMPLS[call.impl].run(ep.env, call.args, timeout)
         except (SandboxPathError, OSError) as e:
             # a path the sandbox refuses (symlink, not a regular file), a missing file, a full
             # work dir: the agent's mistake, shown to it like any other tool error
             out = ToolOutput(f"Error: {e}")
+        timed.append({"tool": call.tool, "start": t0, "end": time.time(), "status": out.status,
+                      "exit_code": out.exit_code,
+                      "output": truncate(out.text, spec.context.observation_max_chars, spec.context.truncation)})
         outs.append((call.tool, out))
         if out.submitted:
             if out.answer is not None:
@@ -287,7 +296,8 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
     ep.last_text = g.text
     action: dict[str, Any] = parsed.to_json()
     spans: list[dict[str, Any]] = []
-    observation = ""
+    observation = shown = ""
+    ep.tool_calls.append([])
     try:
         if spec.loop_type == "single_turn":
             ep.done = True
@@ -302,9 +312,10 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
                 ep.done = ep.out_of_turns = True
             elif outs:
                 texts = []
-                for name, out in outs:
+                for (name, out), timed in zip(outs, ep.tool_calls[-1]):
                     text = truncate(out.text, spec.context.observation_max_chars, spec.context.truncation)
                     texts.append(render(spec.observation_template, output=text, turns_left=turns_left, tool=name))
+                    timed["shown"] = [sum(len(x) + 2 for x in texts[:-1]), len(texts[-1])]
                     skill = read_skill(spec, out.files_read, text)
                     if skill:  # the skill entered the context by the agent's action
                         spans.append({"source": "skill", "path": spec.skill_path, "tool": name})
@@ -312,7 +323,7 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
                               if not (skill and p.removeprefix("./") == spec.skill_path)]
                     if not out.files_read and not skill:
                         spans.append({"source": "tool_output", "tool": name})
-                observation = "\n\n".join(texts)
+                observation = shown = "\n\n".join(texts)
                 if spec.loop_type == "reflect_on_test_failure" and spec.reflect is not None and not parsed.error:
                     res = ep.env.sandbox().exec(["bash", "-c", spec.reflect.command],
                                                 timeout_s=min(spec.reflect.timeout_s, sandbox_cfg.wall_s))
@@ -346,6 +357,11 @@ def _step(ep: _Episode, spec: HarnessSpec, g: Generation, turn: int, sandbox_cfg
         ep.status, ep.done, observation, spans = "timeout", True, "", []
     if ep.done and g.finish_reason == "length":
         ep.cut = True
+    for call in ep.tool_calls[-1]:  # a call's text is kept only where the observation does not show it
+        if shown and observation == shown:
+            call.pop("output")
+        else:
+            call.pop("shown", None)
     return observation, spans, action
 
 
@@ -392,8 +408,10 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
         output_tokens, final_answer, ``error``: why
         an episode ended ``infra_error`` or ``timeout``, else "", and ``turn_times``: per turn
         ``[start, end, n]``, the Unix seconds of the engine call that sampled it and the ``n``
-        requests that call batched, kept out of every artifact since it differs between runs;
-        the Inspect logs show it) and full ``turns`` rows. The
+        requests that call batched, and ``tool_calls``: per turn the tool calls that ran, with their
+        Unix start and end, exec status and exit code (see ``_Episode.tool_calls``), both kept out
+        of every artifact since they differ between runs; the Inspect logs show them) and full
+        ``turns`` rows. The
         caller adds record and policy columns.
 
     Raises:
@@ -523,6 +541,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 "answer_parsed": e.answer is not None and e.answer_parsed,
                 "error": e.error,
                 "turn_times": e.turn_times,
+                "tool_calls": e.tool_calls,
             }
 
         episodes = list(pool.map(finish, eps))

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.config import RunConfig, load_config
-from tasks.config.base import _LaterOptions
+from tasks.config.base import LaterOptions
 from tasks.harnesses.spec import SamplingSpec
 
 
@@ -69,7 +69,7 @@ class MeshFindings(BaseModel):
         return self
 
 
-class TalkMeshConfig(_LaterOptions):
+class TalkMeshConfig(LaterOptions):
     """The mesh, its training data and its evaluation.
 
     ``harness``: the harness whose system prompt and answer pattern the agents use (one of
@@ -167,6 +167,9 @@ class TalkMeshRunConfig(RunConfig):
     def _check_talkmesh(self) -> "TalkMeshRunConfig":
         if self.talkmesh.harness not in self.harnesses:
             raise ValueError(f"talkmesh.harness={self.talkmesh.harness!r} is not in harnesses {self.harnesses}")
+        if self.talkmesh.findings is not None and not self.split.disjoint:
+            raise ValueError("split.disjoint=False: a findings config (talkmesh.findings) needs split.disjoint: true "
+                             "(no test problem may be a train problem)")
         return self
 
 

@@ -1,16 +1,19 @@
 """Group-relative advantages and the grouping rules of multi-harness RL.
 
-GRPO (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2): A_i = (r_i - mean(r_g)) / (std(r_g) + eps),
-shared by every token of sample i. Dr. GRPO (arXiv 2503.20783) drops the std division
-(``scale="none"``). Within / Cross grouping: docs/methods/p4-within-cross.md (Le et al., arXiv 2609.04518).
+Each group's advantages come from an estimator of :data:`tasks.registries.ADVANTAGE_ESTIMATORS`
+(``train.advantage_scale``): GRPO's (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2)
+A_i = (r_i - mean(r_g)) / (std(r_g) + eps), shared by every token of sample i, or Dr. GRPO's
+(arXiv 2503.20783), which drops the std division (``scale="none"``). Within / Cross grouping:
+docs/methods/p4-within-cross.md (Le et al., arXiv 2609.04518).
 """
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 
+from tasks.registries import ADVANTAGE_ESTIMATORS
 from tasks.rollout.groups import group_ids
 
 
@@ -18,15 +21,16 @@ def group_advantages(
     rewards: torch.Tensor | Sequence[float],
     group_ids: Sequence[str],
     *,
-    scale: Literal["std", "none"] = "std",
+    scale: str = "std",
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """Group-normalised advantages, float32 tensor ``[N]``.
 
+    Each group's by the estimator ``scale`` of :data:`tasks.registries.ADVANTAGE_ESTIMATORS`:
     A_i = r_i - mean_g(r) (``scale="none"``, Dr. GRPO) or (r_i - mean_g(r)) / (std_g(r) + eps)
     (``scale="std"``, GRPO), where std is the sample standard deviation (Bessel-corrected, as in
     verl and TRL). A group whose rewards are all equal, or that has one sample, gets exactly 0
-    (never NaN).
+    (never NaN), whatever the estimator.
 
     Args:
         rewards: ``[N]`` float rewards (any scale).
@@ -38,8 +42,7 @@ def group_advantages(
     r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
     if r.numel() != len(group_ids):
         raise ValueError(f"rewards has {r.numel()} entries but group_ids has {len(group_ids)}")
-    if scale not in ("std", "none"):
-        raise ValueError(f"scale {scale!r} is not one of 'std', 'none'")
+    estimator = ADVANTAGE_ESTIMATORS.get(scale)
     if not torch.isfinite(r).all():
         bad = torch.nonzero(~torch.isfinite(r)).flatten().tolist()
         raise ValueError(f"non-finite rewards at indices {bad[:10]}")
@@ -53,10 +56,7 @@ def group_advantages(
         rg = r[idx]
         if bool((rg == rg[0]).all()):
             continue
-        centred = rg - rg.mean()
-        if scale == "std":
-            centred = centred / (rg.std(unbiased=True) + eps)
-        adv[idx] = centred
+        adv[idx] = estimator.advantages(rg, eps)
     return adv.to(torch.float32)
 
 
@@ -159,7 +159,7 @@ GROUPINGS = ("within", "cross", "cross_coverage_matched", "cross_residualized")
 
 
 def advantages_for(rewards: torch.Tensor | Sequence[float], task_ids: Sequence[str], harness_ids: Sequence[str],
-                   grouping: str, *, scale: Literal["std", "none"] = "std", seed: int = 0,
+                   grouping: str, *, scale: str = "std", seed: int = 0,
                    eps: float = 1e-6) -> tuple[torch.Tensor, list[str]]:
     """Advantages ``[N]`` (float32) and the group ids under one of P4's grouping rules:
 

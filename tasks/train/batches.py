@@ -8,7 +8,7 @@ docs/methods/p4-within-cross.md); no model here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 
@@ -27,14 +27,15 @@ class GroupPlan:
         offsets: float64 ``[N]`` subtracted from each reward before normalising (residualized
             Cross's leave-one-task-out per-harness baseline; 0 otherwise).
         keep: bool ``[N]``: samples whose advantage counts (coverage-matched Cross drops some).
-        scale: ``std`` (GRPO) or ``none`` (Dr. GRPO).
+        scale: the advantage estimator (:data:`tasks.registries.ADVANTAGE_ESTIMATORS`: ``std``
+            for GRPO, ``none`` for Dr. GRPO, ...).
     """
 
     group_ids: list[str]
     groups: list[list[int]]
     offsets: torch.Tensor
     keep: torch.Tensor
-    scale: Literal["std", "none"]
+    scale: str
 
     def advantages(self, rewards: torch.Tensor, idx: Sequence[int]) -> torch.Tensor:
         """Float32 ``[len(idx)]`` advantages of the sequences ``idx`` (whole groups) given their
@@ -47,7 +48,7 @@ class GroupPlan:
 
 
 def plan_groups(rewards: Sequence[float], task_ids: Sequence[str], harness_ids: Sequence[str], grouping: str, *,
-                scale: Literal["std", "none"] = "std", seed: int = 0) -> GroupPlan:
+                scale: str = "std", seed: int = 0) -> GroupPlan:
     """Groups, reward offsets and keep-mask of a batch under one of P4's grouping rules
     (``within``, ``cross``, ``cross_coverage_matched``, ``cross_residualized``; see
     :func:`tasks.train.advantages.advantages_for`, which this reproduces exactly on the full

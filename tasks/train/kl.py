@@ -1,41 +1,32 @@
-"""Per-token estimators of the reverse KL(pi_theta || pi_ref) on samples from pi_theta.
-
-With log r_t = log pi_ref(y_t) - log pi_theta(y_t) (J. Schulman, "Approximating KL divergence",
-2020; P5: docs/methods/p5-kl.md):
-
-- k1 = -log r_t                      unbiased value, high variance
-- k2 = 0.5 * (log r_t)^2             biased value, low variance
-- k3 = (r_t - 1) - log r_t           unbiased value, low variance, >= 0
+"""Where the KL(pi_theta || pi_ref) term goes and how it is computed per token, by the
+estimators of :data:`tasks.registries.KL_ESTIMATORS` (k1, k2, k3 and any added there; P5:
+docs/methods/p5-kl.md).
 
 Which placement of which estimator gives an unbiased gradient of the sequence-level KL is P5's
-table (Shah et al., arXiv 2512.21852); ``harnessrl kl-check`` verifies it by enumeration. The
-placements (``train.kl.placement``) are read here and nowhere else: :func:`kl_in_reward` and
-:func:`kl_in_loss` say where the term goes, :func:`kl_penalized_rewards` is the reward side and
-:func:`kl_loss_term` the loss side.
+table (Shah et al., arXiv 2512.21852), registered with each estimator; ``harnessrl kl-check``
+verifies it by enumeration. The placements (``train.kl.placement``) are read here and nowhere else:
+:func:`kl_in_reward` and :func:`kl_in_loss` say where the term goes, :func:`kl_penalized_rewards`
+is the reward side and :func:`kl_loss_term` the loss side.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 
+from tasks.registries import KL_ESTIMATORS, LOG_RATIO_CLAMP, PLACEMENTS
 from tasks.train.losses import agg_loss, masked
 
-PLACEMENTS = ("reward", "loss", "both")
 
-# exp(20) ~ 4.9e8: beyond this the k3 estimate is meaningless; clamping keeps it finite (verl does the same).
-LOG_RATIO_CLAMP = 20.0
-
-
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: Literal["k1", "k2", "k3"], *,
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, *,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token KL estimate, same shape as ``logp`` (e.g. ``[B, T]``), in nats.
 
     Args:
         logp: log pi_theta of the sampled tokens (differentiable if the gradient is wanted).
         ref_logp: log pi_ref of the same tokens.
-        kind: ``k1``, ``k2`` or ``k3``.
+        kind: a name of :data:`tasks.registries.KL_ESTIMATORS` (``k1``, ``k2``, ``k3``, ...).
         mask: optional ``[B, T]`` (1 = policy token): the estimate is exactly 0 where it is 0,
             with zero gradient, whatever ``logp`` and ``ref_logp`` hold there (inf and NaN too).
 
@@ -46,15 +37,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: Literal["k1", 
         raise ValueError(f"logp shape {tuple(logp.shape)} != ref_logp shape {tuple(ref_logp.shape)}")
     if mask is not None:
         return masked(kl_estimate(masked(logp, mask), masked(ref_logp, mask), kind), mask)
-    log_r = ref_logp - logp
-    if kind == "k1":
-        return -log_r
-    if kind == "k2":
-        return 0.5 * log_r.square()
-    if kind == "k3":
-        log_r = log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return torch.expm1(log_r) - log_r
-    raise ValueError(f"KL estimator {kind!r} is not one of 'k1', 'k2', 'k3'")
+    return KL_ESTIMATORS.get(kind).per_token(ref_logp - logp)
 
 
 def importance_weighted(per_token: torch.Tensor, logp: torch.Tensor, behaviour_logp: torch.Tensor,
@@ -89,7 +72,7 @@ def kl_in_loss(beta: float, placement: str) -> bool:
 
 
 def kl_penalized_rewards(rewards: torch.Tensor, logp: Sequence[torch.Tensor], ref_logp: Sequence[torch.Tensor],
-                         masks: Sequence[torch.Tensor], kind: Literal["k1", "k2", "k3"], beta: float
+                         masks: Sequence[torch.Tensor], kind: str, beta: float
                          ) -> tuple[torch.Tensor, float]:
     """KL in the reward (P5): r'_i = r_i - beta * sum_t k_t(theta, ref), one penalty per sequence.
 

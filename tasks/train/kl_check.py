@@ -28,21 +28,38 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from tasks.registries import KL_ESTIMATORS, PLACEMENTS, STALE_SAMPLINGS
 from tasks.train.kl import importance_weighted, kl_estimate
 
-# What P5 says (docs/methods/p5-kl.md) of each configuration: True = unbiased gradient of the sequence KL.
-PAPER_CLAIMS: dict[str, bool] = {
-    "k1/reward": True, "k1/loss": False, "k1/both": True,
-    "k2/reward": False, "k2/loss": False, "k2/both": False,
-    "k3/reward": False, "k3/loss": False, "k3/both": True,
-    "k1/reward/stale": False, "k1/reward/stale-is": True,
-    "k3/loss/stale": False, "k3/loss/stale-is": True,
-}
+
+class _Claims(Mapping[str, bool]):
+    """What each registered KL estimator's source says of each configuration
+    ``"<estimator>/<placement>[/stale|/stale-is]"`` (``KLEstimator.unbiased``; P5,
+    docs/methods/p5-kl.md, for k1, k2, k3): True = unbiased gradient of the sequence KL. Read from
+    :data:`tasks.registries.KL_ESTIMATORS` at each use: the on-policy configurations of every
+    estimator in registration order, then the stale ones."""
+
+    def _table(self) -> dict[str, bool]:
+        claims = [(f"{e.name}/{conf}", v) for e in KL_ESTIMATORS.entries() for conf, v in e.unbiased.items()]
+        return dict([c for c in claims if c[0].count("/") == 1] + [c for c in claims if c[0].count("/") == 2])
+
+    def __getitem__(self, name: str) -> bool:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+PAPER_CLAIMS: Mapping[str, bool] = _Claims()
 
 
 @dataclass(frozen=True)
@@ -107,8 +124,9 @@ def check_configuration(name: str, *, vocab: int = 3, length: int = 3, samples: 
         ValueError: a malformed configuration name.
     """
     parts = name.split("/")
-    if len(parts) not in (2, 3) or parts[0] not in ("k1", "k2", "k3") or parts[1] not in ("reward", "loss", "both"):
-        raise ValueError(f"configuration {name!r} is not '<k1|k2|k3>/<reward|loss|both>[/stale|/stale-is]'")
+    if len(parts) not in (2, 3) or parts[0] not in KL_ESTIMATORS or parts[1] not in PLACEMENTS:
+        raise ValueError(f"configuration {name!r} is not '<{'|'.join(KL_ESTIMATORS)}>/<{'|'.join(PLACEMENTS)}>"
+                         f"[/{'|/'.join(STALE_SAMPLINGS)}]'")
     kind, placement = parts[0], parts[1]
     stale = {2: "none", 3: {"stale": "plain", "stale-is": "is"}.get(parts[2] if len(parts) == 3 else "", "")}[len(parts)]
     if stale == "":
@@ -167,5 +185,6 @@ def check_configuration(name: str, *, vocab: int = 3, length: int = 3, samples: 
 
 
 def kl_check_table(*, vocab: int = 3, length: int = 3, samples: int = 4096, seed: int = 0) -> list[dict[str, Any]]:
-    """Every configuration of :data:`PAPER_CLAIMS`, in that order."""
+    """Every configuration of :data:`PAPER_CLAIMS` (every registered estimator's claims), in that
+    order."""
     return [check_configuration(n, vocab=vocab, length=length, samples=samples, seed=seed) for n in PAPER_CLAIMS]

@@ -34,7 +34,8 @@ from tasks.train.trainer import Batch, Trainer, TrainingInterrupted
 class TrainResult:
     """``steps``: rows of the ``train_steps`` artifact (deterministic); ``timing``: per step
     ``{"step", "seconds", "tokens_per_s"}`` (wall clock); ``phases``: per online iteration
-    ``{"iteration", "iter_s", "sample_s", "wait_s", "sync_s", "train_s", "sync_max_abs_logp_diff"}``
+    ``{"iteration", "iter_s", "sample_s", "wait_s", "sync_s", "train_s", "sync_max_abs_logp_diff",
+    "sync_bytes"}`` (bytes the sync sent to the engine; 0 without one)
     (seconds: the whole iteration, generating its batch (on the sampler's thread, possibly while
     the previous batch trained), waiting for it, training, loading the weights into the engine);
     ``adapter_dir``: the saved adapter."""
@@ -333,7 +334,7 @@ def train_online(cfg: RunConfig, model_dir: Path, sampler: OnlineSampler | Calla
         synced_version = trainer.version
         phases.append({"iteration": it, "iter_s": time.perf_counter() - t_iter, "sample_s": sb.sample_s,
                        "wait_s": wait_s, "sync_s": sync["sync_s"], "train_s": train_s,
-                       "sync_max_abs_logp_diff": sync["max_abs_logp_diff"]})
+                       "sync_max_abs_logp_diff": sync["max_abs_logp_diff"], "sync_bytes": sync.get("sync_bytes", 0.0)})
         log(f"train: iteration {it + 1}/{tc.steps}: {len(schedule)} step(s), sample {sb.sample_s:.1f} s "
             f"(waited {wait_s:.1f} s), train {train_s:.1f} s, sync {sync['sync_s']:.1f} s")
         if after_iteration is not None:

@@ -21,10 +21,9 @@ Masked positions never reach an ``exp``: ``logp`` and ``old_logp`` are replaced 
 any arithmetic, so any value at a masked position (a large log-ratio, inf, NaN) leaves the loss
 and its gradient exactly as they are with zeros there.
 
-Aggregations (``agg``), one implementation for every loss (:func:`agg_loss`):
-- ``token_mean``: sum_{i,t} m L / sum_{i,t} m (DAPO);
-- ``seq_mean_token_mean``: mean_i (sum_t m L / sum_t m) (original GRPO, GSPO);
-- ``seq_mean_token_sum_norm``: mean_i (sum_t m L / max_len) (Dr. GRPO, arXiv 2503.20783).
+Aggregations (``agg``), one implementation for every loss (:func:`agg_loss`), are the entries of
+:data:`tasks.registries.LOSS_AGGREGATIONS` (``token_mean``, ``seq_mean_token_mean``,
+``seq_mean_token_sum_norm`` and any added there).
 """
 
 from __future__ import annotations
@@ -33,9 +32,9 @@ from typing import Literal
 
 import torch
 
-Agg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+from tasks.registries import LOSS_AGGREGATIONS
+
 Level = Literal["token", "sequence", "sequence_token"]
-AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 LEVELS = ("token", "sequence", "sequence_token")
 
 
@@ -50,13 +49,14 @@ def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def agg_loss(
     values: torch.Tensor,
     mask: torch.Tensor,
-    agg: Agg,
+    agg: str,
     *,
     max_len: int | None = None,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
 ) -> torch.Tensor:
-    """Aggregate per-token ``values`` ``[B, T]`` under ``mask`` ``[B, T]`` to a scalar.
+    """Aggregate per-token ``values`` ``[B, T]`` under ``mask`` ``[B, T]`` to a scalar, by the
+    aggregation ``agg`` of :data:`tasks.registries.LOSS_AGGREGATIONS`.
 
     ``num_tokens`` / ``num_seqs`` override the denominators with global counts (the whole
     mini-batch's masked tokens / sequences with at least one masked token): summing the
@@ -67,23 +67,12 @@ def agg_loss(
     Raises:
         ValueError: unknown ``agg``; ``seq_mean_token_sum_norm`` without ``max_len``.
     """
+    aggregation = LOSS_AGGREGATIONS.get(agg)
     m = mask.to(values.dtype)
     v = masked(values, mask)
-    if agg == "token_mean":
-        denom = m.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=values.dtype)
-        return v.sum() / denom.clamp_min(1.0)
-    seq_tokens = m.sum(-1)
-    live = (seq_tokens > 0).to(values.dtype)
-    n_seqs = live.sum() if num_seqs is None else torch.as_tensor(num_seqs, dtype=values.dtype)
-    if agg == "seq_mean_token_mean":
-        per_seq = v.sum(-1) / seq_tokens.clamp_min(1.0)
-    elif agg == "seq_mean_token_sum_norm":
-        if max_len is None or max_len <= 0:
-            raise ValueError("agg='seq_mean_token_sum_norm' (Dr. GRPO) needs max_len > 0")
-        per_seq = v.sum(-1) / float(max_len)
-    else:
-        raise ValueError(f"agg {agg!r} is not one of {AGGS}")
-    return (per_seq * live).sum() / n_seqs.clamp_min(1.0)
+    n_tokens = None if num_tokens is None else torch.as_tensor(num_tokens, dtype=values.dtype)
+    n_seqs = None if num_seqs is None else torch.as_tensor(num_seqs, dtype=values.dtype)
+    return aggregation.aggregate(v, m, max_len=max_len, num_tokens=n_tokens, num_seqs=n_seqs)
 
 
 def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -127,7 +116,7 @@ def policy_loss(
     level: Level = "token",
     clip_low: float = 0.2,
     clip_high: float = 0.2,
-    agg: Agg = "token_mean",
+    agg: str = "token_mean",
     max_len: int | None = None,
     num_tokens: float | None = None,
     num_seqs: float | None = None,

@@ -101,6 +101,65 @@ def probe_sequence(tokenizer: Any) -> TrainSequence:
                          "probe", "probe", (1.0, 0, 1.0))
 
 
+#: the canary's probe adapter (adapter-only syncs): the first std of its B factors (A's is
+#: 1 / sqrt(in)); raised by PROBE_ADAPTER_GROWTH until the adapter moves the trainer's probe by
+#: PROBE_ADAPTER_MIN_MOVE x the tolerance (a small step: a far larger move makes bf16's
+#: disagreement larger too; SmolLM2 moved 6.8 nats after one doubling disagreed by up to 0.78)
+PROBE_ADAPTER_B_STD = 0.05
+PROBE_ADAPTER_GROWTH = 1.5
+#: the least mean |change| of the probe's answer log-probs the probe adapter must cause in the
+#: trainer, in units of the canary's tolerance (its max |engine - trainer|): a load that misses
+#: the adapter, or half of it, cannot then pass the check
+PROBE_ADAPTER_MIN_MOVE = 4.0
+#: raises of the B std tried before the canary gives up
+PROBE_ADAPTER_TRIES = 20
+#: under the probe adapter the engine must agree with the trainer to this fraction of the
+#: tolerance on average over the probe's answer tokens (a mean: one token's bf16 outlier does not
+#: decide; a missed load is off by about the whole move, >= 8x this)
+PROBE_ADAPTER_AGREEMENT = 0.5
+
+
+def probe_adapter(state: dict[str, Any], seed: int = 0, b_std: float = PROBE_ADAPTER_B_STD) -> dict[str, Any]:
+    """A fixed adapter with the names and shapes of ``state`` (peft LoRA factors): A ~ N(0, 1/in),
+    B ~ N(0, ``b_std``^2), drawn from a generator of its own seeded ``seed`` (torch's global
+    generator is untouched). Loaded into the engine and the trainer at the first adapter-only
+    sync, it moves every adapted layer a lot, so a load that misses layers, uses another scale or
+    does nothing shows as a disagreement of nats, not of bf16 rounding."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name in sorted(state):
+        t = state[name]
+        std = t.shape[1] ** -0.5 if ".lora_A" in name else b_std
+        out[name] = torch.randn(tuple(t.shape), generator=gen, dtype=torch.float32) * std
+    return out
+
+
+def _mean_move(a: Any, b: Any, pos: list[int]) -> float:
+    return sum(abs(float(a[p]) - float(b[p])) for p in pos) / max(1, len(pos))
+
+
+def calibrated_probe_adapter(trainer: Any, probe: TrainSequence, base: Any,
+                             min_move: float) -> tuple[dict[str, Any], Any]:
+    """The :func:`probe_adapter` with the smallest B std (:data:`PROBE_ADAPTER_B_STD` times
+    :data:`PROBE_ADAPTER_GROWTH` to the power 0 to :data:`PROBE_ADAPTER_TRIES`) that moves the trainer's probe answer log-probs by at
+    least ``min_move`` nats on average from ``base`` (the base model's), and the trainer's probe
+    log-probs under it; the last one tried when none does (the canary then refuses). The
+    trainer's adapter is left as it was."""
+    state = trainer.adapter_state()
+    pos = [p for p, m in enumerate(probe.mask[1:]) if m]
+    std = PROBE_ADAPTER_B_STD
+    for _ in range(PROBE_ADAPTER_TRIES + 1):
+        fixed = probe_adapter(state, b_std=std)
+        with trainer.adapter_swapped(fixed):
+            expected = trainer.eval_logprobs([probe])[0]
+        if _mean_move(expected, base, pos) >= min_move:
+            break
+        std *= PROBE_ADAPTER_GROWTH
+    return fixed, expected
+
+
 class EngineSampler:
     """An online sampler over an engine with in-place weight loads (see the module docstring).
 
@@ -110,15 +169,20 @@ class EngineSampler:
             "moved" check starts there).
         sample: ``sample(engine, iteration, version) -> SampledBatch``: runs one iteration's
             episodes with the engine (its weights are those of policy ``version``).
-        dtype: the dtype of the weights sent (``policy.rollout_dtype``).
+        dtype: the dtype of the weights sent (``policy.rollout_dtype``; merged syncs only).
         tolerance: max |engine - trainer| log-prob (nats) on the probe's answer tokens, and max
             |engine's movement - trainer's movement| since the last sync (:func:`sync_tolerance`).
+        adapter_only: send only the adapter's factors (``policy.vllm.lora: delta``: the engine
+            applies them beside its base weights, :meth:`load_adapter`) instead of merged weights.
+            The first sync then loads the :func:`probe_adapter` first and checks the engine against
+            the trainer under it, before the real adapter.
         log: progress lines.
     """
 
     def __init__(self, engine: "WeightSyncEngine", sample: Callable[[Any, int, int], SampledBatch], *, dtype: str,
-                 tolerance: float, log: Callable[[str], None] = print):
+                 tolerance: float, adapter_only: bool = False, log: Callable[[str], None] = print):
         self.engine, self.sample, self.dtype, self.tolerance, self.log = engine, sample, dtype, tolerance, log
+        self.adapter_only = adapter_only
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-sampler")
         self.pending: list[concurrent.futures.Future[SampledBatch]] = []
         self.version = 0  # the policy version the engine holds (0: the base model it started on)
@@ -153,40 +217,88 @@ class EngineSampler:
         probe = self.probe
         expected = trainer.eval_logprobs([probe])[0]  # [len(ids) - 1], 0 where masked
         before = None if self.last is not None else trainer.eval_logprobs([probe], base=True)[0]
-        state = trainer.merged_state(self.dtype)
         version = trainer.version
-        report = self.pool.submit(self._load, state, expected, before, version).result()
+        if self.adapter_only:
+            state, scale = trainer.adapter_state(), trainer.adapter_scale()
+            calib = (calibrated_probe_adapter(trainer, probe, before, PROBE_ADAPTER_MIN_MOVE * self.tolerance)
+                     if self.last is None else None)
+            load = lambda: self._load_adapter(state, scale, calib, before, version)  # noqa: E731
+        else:
+            state = trainer.merged_state(self.dtype)
+            load = lambda: self.engine.load_weights(state)  # noqa: E731
+        report = self.pool.submit(self._load, load, expected, before, version).result()
         report["sync_s"] = time.perf_counter() - t0
         return report
 
-    def _load(self, state: dict[str, Any], expected: Any, base: Any, version: int) -> dict[str, float]:
+    def _load_adapter(self, state: dict[str, Any], scale: float, calib: Any, base: Any, version: int) -> dict:
+        """Load the adapter; at the first sync, the probe adapter first (``calib``: its factors and
+        the trainer's probe log-probs under it), checked against the trainer (class docstring)."""
+        if calib is not None:
+            probe = self.probe
+            assert probe is not None
+            fixed, expected = calib
+            self.engine.load_adapter(fixed, scale)
+            got = self.engine.score([probe.ids])[0]
+            pos = [p for p, m in enumerate(probe.mask[1:]) if m]
+            moved = _mean_move(expected, base, pos)
+            need = PROBE_ADAPTER_MIN_MOVE * self.tolerance
+            if not moved >= need:
+                raise SyncError(f"weight sync canary: the probe adapter moved the trainer's probe log-probs by "
+                                f"{moved:.3g} nats on average, under the {need:.3g} ({PROBE_ADAPTER_MIN_MOVE:g} x "
+                                f"train.sync_tolerance) needed to test the engine's adapter load")
+            off = _mean_move(got, expected, pos)
+            limit = PROBE_ADAPTER_AGREEMENT * self.tolerance
+            if not math.isfinite(off) or off > limit:
+                raise SyncError(f"weight sync canary: under the probe adapter (moving the trainer's probe by {moved:.3g} "
+                                f"nats on average) the engine's log-probs differ from the trainer's by {off:.4g} nats "
+                                f"on average (> {PROBE_ADAPTER_AGREEMENT:g} x train.sync_tolerance={limit:g}); the "
+                                "engine does not apply the adapter it is sent (missing layers, another scale, or not "
+                                "at all)")
+            self.log(f"train: sync canary: the probe adapter (moves the probe {moved:.2f} nats on average) agrees to "
+                     f"{off:.2e} on average")
+        return self.engine.load_adapter(state, scale)
+
+    def _load(self, load: Callable[[], dict[str, Any]], expected: Any, base: Any, version: int) -> dict[str, float]:
         probe = self.probe
         assert probe is not None
         if self.last is None:  # the first sync: the engine holds the base model it started on
             self.last = (base, self.engine.score([probe.ids])[0])
-        loaded = self.engine.load_weights(state)
+        loaded = load()
         got = self.engine.score([probe.ids])[0]  # log-prob of ids[1:]
         pos = [p for p, m in enumerate(probe.mask[1:]) if m]
         t_prev, e_prev = self.last
         moved_t = max((abs(float(expected[p]) - float(t_prev[p])) for p in pos), default=0.0)
         moved_e = max((abs(got[p] - e_prev[p]) for p in pos), default=0.0)
-        off = max((abs((got[p] - e_prev[p]) - (float(expected[p]) - float(t_prev[p]))) for p in pos), default=0.0)
+        gaps = [abs((got[p] - e_prev[p]) - (float(expected[p]) - float(t_prev[p]))) for p in pos]
+        diffs = [abs(got[p] - float(expected[p])) for p in pos]
+        worst = max(diffs, default=0.0)
+        # merged weights: every token within the tolerance; adapter-only syncs (bf16 as a rule): the
+        # mean over the answer tokens within half of it (bf16 moves single tokens by tenths of a nat
+        # and two such readings of a movement add up; the probe adapter at the first sync is what
+        # proves the load, and a missed one is off by nats)
+        if self.adapter_only:
+            stat, limit, how = (lambda xs: sum(xs) / max(1, len(xs))), PROBE_ADAPTER_AGREEMENT * self.tolerance, \
+                f"on average (> {PROBE_ADAPTER_AGREEMENT:g} x train.sync_tolerance={PROBE_ADAPTER_AGREEMENT * self.tolerance:g})"
+        else:
+            stat, limit, how = (lambda xs: max(xs, default=0.0)), self.tolerance, \
+                f"(> train.sync_tolerance={self.tolerance:g})"
+        off, agree = stat(gaps), stat(diffs)
         tail = "; the weights did not reach the sampler, so its samples are not from the policy being trained"
-        if not math.isfinite(off) or off > self.tolerance:
+        if not math.isfinite(off) or off > limit:
             raise SyncError(f"weight sync to policy version {version}: the engine's probe log-probs moved by up to "
                             f"{moved_e:.4g} nats since the last sync, the trainer's by up to {moved_t:.4g} (apart by "
-                            f"up to {off:.4g} > train.sync_tolerance={self.tolerance:g}){tail}")
-        worst = max((abs(got[p] - float(expected[p])) for p in pos), default=0.0)
-        if not math.isfinite(worst) or worst > self.tolerance:
+                            + (f"up to {off:.4g} > train.sync_tolerance={self.tolerance:g})" if not self.adapter_only
+                               else f"{off:.4g} {how})") + tail)
+        if not math.isfinite(agree) or agree > limit:
             raise SyncError(f"weight sync to policy version {version}: the engine's log-probs of the probe differ from "
-                            f"the trainer's by up to {worst:.4g} nats (> train.sync_tolerance={self.tolerance:g})"
-                            + tail)
+                            f"the trainer's by {'up to ' if not self.adapter_only else ''}{agree:.4g} nats "
+                            + (f"(> train.sync_tolerance={self.tolerance:g})" if not self.adapter_only else how) + tail)
         self.version, self.canary, self.last = version, worst, (expected, got)
         self.log(f"train: synced policy version {version} into the engine in {loaded['seconds']:.2f} s "
-                 f"({loaded['names']} tensors), canary max |logp diff| {worst:.2e}, probe moved {moved_t:.2e} "
-                 f"(trainer) / {moved_e:.2e} (engine)")
+                 f"({loaded['names']} tensors, {loaded.get('bytes', 0) / 2**20:.1f} MiB), canary max |logp diff| {worst:.2e}, "
+                 f"probe moved {moved_t:.2e} (trainer) / {moved_e:.2e} (engine)")
         return {"max_abs_logp_diff": worst, "moved_trainer": moved_t, "moved_engine": moved_e,
-                "load_s": loaded["seconds"]}
+                "load_s": loaded["seconds"], "sync_bytes": float(loaded.get("bytes", 0))}
 
     def close(self) -> None:
         """Wait for work in flight and stop the thread (the engine is closed by its owner)."""

@@ -21,7 +21,9 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     without ``arms``). Refuses any episode of a test-split task (checked by task hash against the
     frozen ``tasks`` artifact, not by the episode's own split label).
 
-    Every arm starts from the same inputs and seed with its own TrainConfig. Its resumable state is
+    Every arm starts from the same inputs and seed with its own TrainConfig; an arm's training seed
+    (``train.seed``, set per checkpoint by ``train.seeds``: ``<arm>@s<seed>``) replaces the run's
+    seed for everything it draws (:class:`tasks.config.train.TrainConfig`). Its resumable state is
     ``train/state/<arm>/trainer_state.pt`` (``train/state/trainer_state.pt`` without ``arms``), keyed
     by the arm's config and the inputs, so a rerun after a crash finishes the arms already done at
     once and resumes the interrupted one. With ``train.distributed.world_size`` N > 1 a frozen arm
@@ -77,14 +79,19 @@ def run_train(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRe
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
     base_id = model_id(model_dir)
     in_hashes = {k: v.sha256 for k, v in sorted(inputs.items())}
-    multi = cfg.arms is not None
+    # arms, a sweep or training seeds: a checkpoint per arm, each in its own folder
+    multi = cfg.arms is not None or cfg.sweep is not None or cfg.train.seeds is not None
     steps: list[dict[str, Any]] = []
     timing: list[dict[str, Any]] = []
     phases: list[dict[str, Any]] = []
     ckpts = [{"name": "base", "step": 0, "path": "", "adapter_sha256": "", "base_model_id": base_id}]
     online: list[dict] = []
     for arm, arm_train in cfg.arm_configs():
-        acfg = cfg.model_copy(update={"train": arm_train}) if multi else cfg
+        # the arm's train section; its training seed, when set, is the seed of everything it draws
+        update: dict[str, Any] = {"train": arm_train} if multi else {}
+        if arm_train.seed is not None:
+            update["seed"] = arm_train.seed
+        acfg = cfg.model_copy(update=update) if update else cfg
         key = {"config": acfg.section_hash("policy", "train", "rollout", "sandbox"), "inputs": in_hashes}
         resume_key = sha256_json({"arm": arm, **key} if multi else key)
         sub = f"{arm}/" if multi else ""
@@ -198,7 +205,8 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
 
     - an engine that syncs in place (registry ``online: in_place``,
       :data:`tasks.config.engines.ENGINES`: ``vllm``): one engine started on the base model for
-      the whole run, the trainer's merged weights loaded into it in place after each batch
+      the whole run, the trainer's merged weights (or, with ``policy.vllm.lora: delta``, only the
+      adapter's factors) loaded into it in place after each batch
       (:class:`tasks.train.online.EngineSampler`, with the sync canary), generation on a background
       thread so that the sampler can run ahead (``train.max_staleness``); when it can, on the CPU,
       the cores are split between the engine and the trainer until release
@@ -259,7 +267,7 @@ def _online_sampler(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
             return batch(policy, iteration, version)
 
         sampler = EngineSampler(engine, on_engine, dtype=cfg.policy.rollout_dtype, tolerance=sync_tolerance(cfg),
-                                log=log.info)
+                                adapter_only=cfg.policy.vllm.lora_mode(cfg.policy.device) == "delta", log=log.info)
 
         def release() -> None:
             try:

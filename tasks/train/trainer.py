@@ -48,7 +48,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from tasks.config import RunConfig
 from tasks.hashing import seed_from
@@ -676,6 +676,57 @@ class Trainer:
                 key = name.split("base_model.model.", 1)[-1] + ".weight"
                 out[key] = w.to(getattr(torch, dtype)).contiguous()
         return out
+
+    def adapter_state(self) -> dict[str, Any]:
+        """The current adapter's LoRA factors, what an adapter-only weight sync sends
+        (``policy.vllm.lora: delta``; :meth:`tasks.rollout.engines.vllm_engine.VLLMPolicy.load_adapter`):
+        ``{peft name: float32 tensor}`` (``...q_proj.lora_A.weight`` (r, in), ``...lora_B.weight``
+        (out, r)), detached copies of the ``default`` adapter's weights. Multiply by
+        :meth:`adapter_scale` to get the update ``s B A``.
+
+        Raises:
+            RuntimeError: under FSDP (each rank holds a shard)."""
+        import torch
+        from peft import get_peft_model_state_dict
+
+        self._whole_base("adapter_state")
+        with torch.no_grad():
+            state = get_peft_model_state_dict(self.model, adapter_name="default")
+            return {k: v.detach().to(torch.float32).clone() for k, v in state.items() if ".lora_" in k}
+
+    def adapter_scale(self) -> float:
+        """peft's scaling of the ``default`` adapter (``lora_alpha / r``; ``/ sqrt(r)`` with rsLoRA).
+
+        Raises:
+            RuntimeError: modules with different scalings (one number cannot express them)."""
+        scales = {float(m.scaling["default"]) for m in self.model.modules()
+                  if hasattr(m, "lora_A") and isinstance(getattr(m, "scaling", None), dict) and "default" in m.scaling}
+        if len(scales) != 1:
+            raise RuntimeError(f"Trainer.adapter_scale: the adapter's modules have scalings {sorted(scales)}")
+        return scales.pop()
+
+    @contextlib.contextmanager
+    def adapter_swapped(self, state: dict[str, Any]) -> Iterator[None]:
+        """Within the block, the ``default`` adapter's factors are ``state`` (names and shapes as
+        :meth:`adapter_state`); restored exactly afterwards, even on an error (the sync canary
+        scores its probe adapter this way). Draws no random numbers.
+
+        Raises:
+            KeyError: a name in ``state`` the adapter does not have."""
+        import torch
+        from peft import set_peft_model_state_dict
+
+        saved = self.adapter_state()
+        missing = sorted(set(state) - set(saved))
+        if missing:
+            raise KeyError(f"Trainer.adapter_swapped: no adapter weight {missing[0]!r}")
+        with torch.no_grad():
+            set_peft_model_state_dict(self.model, {**saved, **state}, adapter_name="default")
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                set_peft_model_state_dict(self.model, saved, adapter_name="default")
 
     def _whole_base(self, what: str) -> None:
         if self.fsdp is not None:

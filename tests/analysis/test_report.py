@@ -143,4 +143,38 @@ def test_the_rollout_table_shows_pass_at_1_parse_rate_and_accuracy_given_parsed(
     assert header[3:6] == ["pass@1", "parse rate", "accuracy given parsed"]
     assert [got["direct"][k] for k in header[3:6]] == ["0.500", "0.750", "0.333"]
     # nothing parsed: accuracy given parsed is undefined, not 0
-    assert [got["boxed"][k] for k in header[3:6]] == ["0.500", "0.000", "n/a"]
+    assert [got["boxed"][k] for k in header[3:6]] == ["0.500", "0.000", "n/a (no answer parsed)"]
+
+
+def _pred(target, predictor, reason, r2=None):
+    return {"target": target, "predictor": predictor, "n_points": 2, "r2": r2, "ci_low": None, "ci_high": None,
+            "slope": None, "na_reason": reason}
+
+
+def test_an_undefined_statistic_says_why_and_a_note_is_printed_once():
+    """The R^2 table of undefined R^2s: every cell n/a with its numbered reason (no blank interval or
+    slope); the rank table reuses the R^2 table's notes instead of printing them again."""
+    reason = "2 point(s): an R^2 needs >= 5 (two points always fit a line exactly)"
+    points = [{"checkpoint": "final", "harness_name": h, "reference": "base", "ref_pass_at_1": 0.1, "C": c,
+               "C_kl_soft": c, "M": 0.1, "M_step": None, "C_minus_M": 0.1, "C_minus_M_step": None, "gain": g,
+               "trained_return": 0.2} for h, c, g in (("direct", 0.3, 0.1), ("react", 0.2, -0.1))]
+    report = render_report(_inputs(predictors=[_pred("gain", "C", reason)], p1_points=points))
+    r2 = _groups(report, "target")[0]
+    assert r2[0] == ["target", "predictor", "points", "R^2", "interval", "slope"]
+    assert r2[1] == ["gain", "C", "2", "n/a [1]", "n/a [1]", "n/a [1]"]
+    assert report.count("an R^2 needs") == 1
+    assert report.count("[1] 2 point(s)") == 1 and "[1]: see the note above" in report
+    assert not [ln for ln in report.splitlines() if ln.startswith("|") and "|  |" in ln]
+
+
+def test_the_leakage_table_has_no_blank_note_column():
+    row = {"rule": "within", "zero_groups": 3, "n_groups": 8, "zero_group_fraction": 0.375, "accuracy": None,
+           "null_mean": None, "leakage_pp": None, "ci_low": None, "ci_high": None, "p_value": None,
+           "note": "leakage not computable: one class only"}
+    ok = {**row, "rule": "cross", "accuracy": 0.6, "null_mean": 0.5, "leakage_pp": 10.0, "ci_low": 1.0,
+          "ci_high": 20.0, "p_value": 0.03, "note": ""}
+    groups = _groups(render_report(_inputs(leakage=[row, ok])), "rule")
+    table = [sum((g[i][1:] for g in groups[1:]), groups[0][i]) for i in range(3)]  # the column groups side by side
+    assert table[0] == ["rule", "zero groups", "fraction", "accuracy", "null", "leakage (pp)", "interval", "p"]
+    assert table[1][:3] == ["within", "3/8", "0.375"] and set(table[1][3:]) == {"n/a [1]"}
+    assert table[2] == ["cross", "3/8", "0.375", "0.600", "0.500", "10.00", "[1.00, 20.00]", "0.030"]

@@ -165,7 +165,7 @@ def test_report_and_figures(analyzed):
     n_eps = store.manifest("rollout", "episodes")["rows"]
     planned = sum(c["planned"] for c in store.rows(out_ev(store)) if c["kind"] == "cell")
     assert f"| rollout | {n_eps} episodes | 0 | 0.000 | none |" in report
-    assert "| train | 0 episodes | 0 | n/a | none |" in report
+    assert "| train | 0 episodes | 0 | n/a (none planned) | none |" in report
     assert f"| evaluate | {planned} attempts | 0 | 0.000 | 0 |" in report and planned == 20 * 3 * 3 * 4
     figs = store.list_files("analyze/plots")
     assert [f.rsplit("/", 1)[-1] for f in figs] == ["action_jsd.png", "ceiling_vs_return.png", "leakage.png", "learning_curves.png",
@@ -174,6 +174,24 @@ def test_report_and_figures(analyzed):
     for f in figs:
         assert store.read_bytes(f).startswith(PNG)
         assert f"]({f.removeprefix('analyze/')})" in report
+
+
+def test_no_table_cell_of_the_report_is_blank(analyzed):
+    """Every cell of every table in the report has a value or says n/a (with the reason in the cell or
+    in a note under the table); a note is printed once in the whole report."""
+    import re
+
+    _, store, _, _ = analyzed
+    report = store.read_bytes(REPORT).decode()
+    rows = [ln for ln in report.splitlines() if ln.startswith("|") and not set(ln) <= set("|-: ")]
+    assert len(rows) > 50
+    blank = [ln for ln in rows if any(not c.strip() for c in ln.strip()[1:-1].split(" | "))]
+    assert not blank, blank[:5]
+    notes = re.findall(r"^\[(\d+)\] ", report, re.M)
+    assert len(notes) == len(set(notes)), notes  # a note numbered once, printed once
+    refs = set(re.findall(r"\[(\d+)\]", "\n".join(rows)))
+    assert refs <= set(notes) and notes == [str(i) for i in range(1, len(notes) + 1)]
+    assert "n/a [" in report  # the scripted run has undefined R^2s: n/a with a numbered reason
 
 
 def test_the_same_inputs_give_identical_tables_and_figures(analyzed):
@@ -229,8 +247,14 @@ def test_publish_report_shows_tables_and_figures_in_prefect(analyzed, prefect_ha
     ui = PREFECT_UI_URL.value()
     assert ui and ui.startswith("http://")
     assert arts["harnessrl-report-file"].data == f"[the run's report]({ui}/artifacts/artifact/{arts['harnessrl-report'].id})"
-    # a string cell renders as itself (the UI renders each as Markdown): the aggregate rows' "*" is no bullet
+    # the key columns first, every number rounded to 3 places, no blank cell
     cells = json.loads(arts["harnessrl-eval-cells"].data)
+    assert list(cells[0])[:3] == ["checkpoint", "harness_name", "pass_at_1"]
+    for name in ("harnessrl-eval-cells", "harnessrl-mismatch", "harnessrl-predictors", "harnessrl-leakage"):
+        for r in json.loads(arts[name].data):
+            assert all(v is not None and v != "" for v in r.values()), (name, r)
+            assert all(round(v, 3) == v for v in r.values() if isinstance(v, float)), (name, r)
+    # a string cell renders as itself (the UI renders each as Markdown): the aggregate rows' "*" is no bullet
     stars = [r for r in cells if r["kind"] == "col\\_mean"]  # escaped too: "col_mean" as Markdown
     assert stars and all(r["checkpoint"] == "\\*" for r in stars)
     md = MarkdownIt("commonmark")

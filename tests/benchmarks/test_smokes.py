@@ -185,6 +185,18 @@ def test_online_iteration(tmp_path):
     s = arm["s_per_iter"]
     assert s > 0 and 8 / (s + 0.005) - 0.005 <= arm["samples_per_s"] <= 8 / max(s - 0.005, 1e-9) + 0.005
     assert "vllm" in row["skipped"] and "speedup_vllm_over_hf" not in row
+    assert arm["arm"] == "hf" and arm["sync_bytes"] is None  # rebuilt in process: nothing is sent
+    assert 0.0 <= arm["zero_adv_frac"] <= 1.0
+
+
+def test_train_precision(tmp_path):
+    row = run_smoke("train_precision", tmp_path)
+    assert row["sequences"] == 8 and row["completion_tokens"] > 8
+    # bf16 autocast changes the log-probs a little, not nothing (then the bf16 side ran in float32)
+    assert 0.0 < row["logprob_abs_diff_mean"] <= row["logprob_abs_diff_max"] < 0.5
+    assert row["grad_norm_fp32"] > 0 and row["grad_norm_bf16"] > 0
+    # the same step, up to bf16's rounding: the update points the same way
+    assert row["update_cosine"] > 0.9 and 0.5 < row["update_norm_ratio_bf16_over_fp32"] < 2.0
 
 
 def test_task_difficulty(tmp_path):
@@ -207,6 +219,23 @@ def test_task_difficulty(tmp_path):
         p1 = [c["pass_at_1"] for c in row["cells"] if c["family"] == f]
         assert row["spread"][f]["spread"] == round(max(p1) - min(p1), 4)
     assert row["goal"]["reached"] == any(s["spread"] >= 0.3 for s in row["spread"].values())
+
+
+def test_findings_budget(tmp_path):
+    from tasks.config.run import load_config
+
+    row = run_smoke("findings_budget", tmp_path)
+    cfg = load_config(ROOT / "configs/p4-findings-v2.yaml", quick=True)
+    assert row["kind"] == "estimate" and row["quick"] is True and row["config_name"] == "p4-findings-v2"
+    # counted from the config here: 10 + 10 problems, 4 + 4 test; base + 3 arms x 2 seeds; 5 harnesses x 1 attempt
+    assert (row["test_tasks"], row["train_tasks"], row["checkpoints"]) == (8, 12, 7)
+    assert row["sealed_attempts"] == 7 * len(cfg.evaluate.harnesses) * 8 * cfg.evaluate.attempts
+    assert row["train_samples"] == 6 * 1 * 1 * 4 * 3  # arms x steps x prompts x group x training harnesses
+    u = row["unit_costs_s"]
+    assert row["evaluate_s"] == pytest.approx(row["sealed_attempts"] * u["attempt"], abs=row["sealed_attempts"] * 5e-4 + 0.1)
+    assert {"python-demo", "calculator-demo"} <= set(u["tool_harnesses"]) and "direct" not in u["tool_harnesses"]
+    assert row["total_s"] == pytest.approx(row["rollout_s"] + row["train_s"] + row["evaluate_s"] + row["branching_s"],
+                                           abs=0.2)
 
 
 def test_learning(tmp_path):

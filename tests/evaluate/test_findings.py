@@ -56,7 +56,7 @@ def _cfg():
                  "control": "final-minus-base-react", "claim": "increase", "headline": "Training helps."}]
     return RunConfig.model_validate({
         "name": "found", "seed": 3, "suites": [{"name": "basic_arithmetic", "size": 40, "seed": 2}],
-        "split": {"test_fraction": 0.5}, "harnesses": ["direct"],
+        "split": {"test_fraction": 0.5, "disjoint": True}, "harnesses": ["direct"],
         "evaluate": {"attempts": 2, "harnesses": ["direct", "react-python"], "bootstrap_resamples": 300,
                      "contrasts": contrasts, "findings": findings}, "analyze": {"ceiling_k": 2}})
 
@@ -174,6 +174,42 @@ def test_p1_cells_by_hand():
     pts = p1_cells(rows, [{"checkpoint": "a1", "harness": "h1"}], 2)
     assert pts["C"][0] == pytest.approx(0.5) and pts["M"][0] == pytest.approx(0.5 - 0.375)
     assert pts["gain"][0] == pytest.approx(0.75 - 0.375) and pts["return"][0] == pytest.approx(0.75)
+
+
+def test_a_p1_cell_of_one_suite_counts_only_that_suites_tasks():
+    from tasks.evaluate.findings import p1_cells
+    from tests.evaluate.test_stats import _contrast_rows
+
+    # 4 tasks x 2 attempts; suite x = t0, t2 (base [1, 2] of 2, a1 [2, 2]); suite y = t1, t3 (base [0, 0], a1 [1, 1])
+    rows = _contrast_rows({("base", "h1"): [1, 0, 2, 0], ("a1", "h1"): [2, 1, 2, 1]})
+    suite_of = {"t0": "x", "t1": "y", "t2": "x", "t3": "y"}
+    cells = [{"checkpoint": "a1", "harness": "h1", "suite": "x"}, {"checkpoint": "a1", "harness": "h1", "suite": "y"},
+             {"checkpoint": "a1", "harness": "h1"}]
+    pts = p1_cells(rows, cells, 2, suite_of=suite_of)
+    # x: base pass@1 (0.5 + 1) / 2 = 0.75, pass@2 1; a1 1 -> C 1, M 0.25, gain 0.25
+    assert pts["C"][0] == pytest.approx(1.0) and pts["M"][0] == pytest.approx(0.25)
+    assert pts["gain"][0] == pytest.approx(0.25) and pts["return"][0] == pytest.approx(1.0)
+    # y: base 0, pass@2 0; a1 0.5 -> C 0, M 0, gain 0.5
+    assert pts["C"][1] == pytest.approx(0.0) and pts["M"][1] == pytest.approx(0.0)
+    assert pts["gain"][1] == pytest.approx(0.5)
+    # no suite: every task, as before
+    assert pts["C"][2] == pytest.approx(0.5) and pts["gain"][2] == pytest.approx(0.375)
+    with pytest.raises(ValueError, match="suite 'x'"):
+        p1_cells(rows, cells[:1], 2)  # a suite cell with no sealed suites is refused, not read as every task
+
+
+def test_p1_cells_naming_a_suite_are_checked_at_load_and_keep_old_hashes():
+    from tasks.config.evaluate import P1Cell
+
+    assert "suite" not in P1Cell.model_validate({"checkpoint": "a", "harness": "h"}).model_dump(mode="json")
+    cfg = _cfg().model_dump(mode="json", exclude_none=True)
+    cell = {"checkpoint": "final", "harness": "direct"}
+    cfg["evaluate"]["findings"] = [{"name": "p1", "paper": "P1", "headline": "h", "measure": "p1_predictor_gap",
+                                    "claim": "increase", "cells": [dict(cell, suite="reasoning_gym/products")] * 3}]
+    with pytest.raises(ValueError, match=r"cells\[0\]\.suite='reasoning_gym/products' is not a suite"):
+        RunConfig.model_validate(cfg)
+    cfg["evaluate"]["findings"][0]["cells"] = [dict(cell, suite="reasoning_gym/basic_arithmetic")] * 3
+    assert RunConfig.model_validate(cfg).evaluate.findings[0].cells[0].suite == "reasoning_gym/basic_arithmetic"
 
 
 def test_a_p1_finding_over_five_cells_is_computed_and_recomputed():
@@ -373,3 +409,33 @@ def test_a_bad_infra_threshold_is_refused_at_load():
     data["evaluate"]["max_infra_error_fraction"] = 1.5
     with pytest.raises(ValueError, match="max_infra_error_fraction"):
         RunConfig.model_validate(data)
+
+
+def test_a_p1_finding_over_suite_cells_is_sealed_computed_and_verified(tmp_path):
+    """Two task families, a P1 finding whose cells name them: the plan seals each test task's suite,
+    the finding's points are the (harness, suite) cells, and verify recomputes the row."""
+    import math
+
+    from tasks.evaluate.findings import p1_cells, predictor_gap
+
+    data = _cfg().model_dump(mode="json", exclude_none=True)
+    data["suites"] = [{"name": "basic_arithmetic", "size": 20, "seed": 2},
+                      {"name": "products", "size": 20, "seed": 2, "params": {"min_digits": 2, "max_digits": 2}}]
+    cells = [{"checkpoint": "final", "harness": h, "suite": f"reasoning_gym/{s}"}
+             for h in ("direct", "react-python") for s in ("basic_arithmetic", "products")]
+    data["evaluate"]["findings"] = [{"name": "p1-cells", "paper": "P1", "headline": "C - M predicts the gain.",
+                                     "measure": "p1_predictor_gap", "claim": "increase", "cells": cells}]
+    cfg = RunConfig.model_validate(data)
+    store, refs, tasks, _ = _store(tmp_path, cfg)
+    out = run_evaluate(store, cfg, refs, episode_runner=ScriptedRunner(p_resolve={"direct": 0.6, "react-python": 0.2},
+                                                                       seed=3))
+    plan = store.read_json("evaluate/plan.json")
+    test = {t["task_id"]: t["suite"] for t in tasks if t["split"] == "test"}
+    assert plan["suite_of"] == test and set(test.values()) == {c["suite"] for c in cells}
+    assert plan["findings"][0]["cells"] == cells
+    (row,) = store.rows(out["eval_findings"])
+    pts = p1_cells(store.rows(("evaluate", "evaluations")), cells, 2, suite_of=plan["suite_of"])
+    assert row["n"] == 4 and not np.isnan(pts["C"]).any()
+    want = predictor_gap(pts["C"], pts["M"], pts["gain"])
+    assert (row["estimate"] is None) if math.isnan(want) else row["estimate"] == pytest.approx(want)
+    assert CliRunner().invoke(app, ["verify", str(store.root)]).exit_code == 0

@@ -249,7 +249,8 @@ def test_inspect_logs_read_back_with_inspect_and_match_the_seal(sealed):
 
 def test_inspect_logs_time_each_turn_by_its_engine_call(tmp_path):
     """The runner's ``turn_times`` (the engine call that sampled each turn) become the model
-    events' timestamps and durations, the samples' spans and the log's; no artifact holds them."""
+    events' timestamps, each request's share of the call as its duration (the batch's wall time and
+    size beside it), the samples' spans and working times and the log's; no artifact holds them."""
     from datetime import datetime
 
     from inspect_ai.log import read_eval_log
@@ -276,11 +277,14 @@ def test_inspect_logs_time_each_turn_by_its_engine_call(tmp_path):
             want = times[s.metadata["eval_id"]]
             assert [e.timestamp.timestamp() for e in s.events] == [w[0] for w in want]
             assert [e.completed.timestamp() for e in s.events] == [w[1] for w in want]
-            assert [e.working_time for e in s.events] == [e.output.time for e in s.events] == [1.0, 2.0]
+            # a call of 1 s and one of 2 s, each batching 8 requests: this request's share
+            assert [e.working_time for e in s.events] == [e.output.time for e in s.events] == [1.0 / 8, 2.0 / 8]
             assert [e.working_start for e in s.events] == [0.0, 4.0]
             assert [e.metadata["batch_requests"] for e in s.events] == [8, 8]
-            assert s.total_time == 6.0 and datetime.fromisoformat(s.started_at).timestamp() == want[0][0]
-            assert datetime.fromisoformat(s.completed_at).timestamp() == want[1][1]
+            assert [e.metadata["batch_wall_s"] for e in s.events] == [1.0, 2.0]
+            assert datetime.fromisoformat(s.started_at).timestamp() == want[0][0]
+            assert s.working_time == s.total_time == pytest.approx(3.0 / 8) and "share" in s.metadata["timing"]
+            assert datetime.fromisoformat(s.completed_at).timestamp() == want[1][1]  # the window: 6 s
         assert log.stats.started_at == min(s.started_at for s in log.samples)
         timed_logs += 1
     assert timed_logs == 4 and len(times) == len(rows)

@@ -35,7 +35,7 @@ def _cfg(margin=0.0):
                  "cells": [{"checkpoint": "final", "harness": h} for h in HARNESSES]}]
     return RunConfig.model_validate({
         "name": "machine", "seed": 3, "suites": [{"name": "basic_arithmetic", "size": 40, "seed": 2}],
-        "split": {"test_fraction": 0.5}, "harnesses": ["direct"],
+        "split": {"test_fraction": 0.5, "disjoint": True}, "harnesses": ["direct"],
         "evaluate": {"attempts": 2, "harnesses": HARNESSES, "bootstrap_resamples": 200,
                      "contrasts": contrasts, "findings": findings}, "analyze": {"ceiling_k": 2}})
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from flows.naming import paper_of, run_label, run_tags
-from tasks.config import RunConfig
+from tasks.config import RunConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_every_shipped_config_names_its_paper():
     names = {p.stem: yaml.safe_load(p.read_text())["name"] for p in sorted((REPO / "configs").glob("*.yaml"))}
     assert {n: paper_of(n) for n in names.values()} == {
-        "bipa-small": "P2", "default": None, "learn-arith": None, "p1-findings": "P1", "p4-findings": "P4", "p5-findings": "P5",
+        "bipa-small": "P2", "default": None, "learn-arith": None, "p1-findings": "P1", "p1-findings-v2": "P1", "p4-findings": "P4",
+        "p4-findings-v2": "P4", "p5-findings": "P5",
         "p5-beta-pilot": "P5", "p6-findings": "P6", "p4-small": "P4", "p5-kl-small": "P5", "p6-gspo-small": "P6",
         "talkmesh-arith": "P3", "talkmesh-findings": "P3", "talkmesh-pipeline": "P3", "talkmesh-small": "P3"}
     assert paper_of("p10-x") is None and paper_of("P5-mine") == "P5" and paper_of("pipeline") is None
@@ -68,3 +69,53 @@ def test_every_pipeline_flow_has_a_namer(stage):
     assert f.name == stage and f.flow_run_name.__name__ == f"{stage}_flow_run_name"
     for top in (P.pipeline, P.through_train):
         assert top.flow_run_name.__name__ == "run_flow_run_name"
+
+
+def test_the_cli_and_the_deployments_run_one_flow():
+    """``harnessrl run``'s flow and the deployments' entry flow have one name (one flow in the
+    Prefect UI, its runs from both side by side), and both name their runs after the config."""
+    from flows.deploy import run_config
+    from flows.naming import PIPELINE_FLOW
+    from flows.pipeline import pipeline
+
+    assert pipeline.name == run_config.name == PIPELINE_FLOW
+    assert run_config.flow_run_name.__name__ == pipeline.flow_run_name.__name__ == "run_flow_run_name"
+
+
+def test_a_run_created_under_another_name_logs_under_the_configs(prefect_harness, tmp_path):
+    """A deployment's run is created under a random name; the flow's namer renames it from its
+    ``config`` path before the first log line, so no line of its logs says the random name."""
+    from prefect import flow, get_run_logger
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.flow_engine import run_flow
+    from prefect.logging.handlers import APILogHandler
+
+    from flows.naming import flow_run_namer
+
+    cfg = _cfg("p6-renamed")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+
+    @flow(name="naming-deployed", flow_run_name=flow_run_namer())
+    def entry(config: str) -> str:
+        get_run_logger().info("in the body")
+        return config
+
+    with get_client(sync_client=True) as client:
+        fr = client.create_flow_run(entry, name="vengeful-panda", parameters={"config": str(path)})
+        assert run_flow(entry, flow_run=fr, parameters={"config": str(path)}, return_type="state").is_completed()
+        APILogHandler().flush()
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fr.id])))
+        name = client.read_flow_run(fr.id).name
+    label = run_label(load_config(path))
+    assert name == label
+    assert any("in the body" in g.message for g in logs) and any(label in g.message for g in logs), logs
+    assert not [g.message for g in logs if "vengeful-panda" in g.message and "Renamed" not in g.message]
+    # a config that does not load names the run by its path's stem (the body then fails with the error)
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: [")
+    with get_client(sync_client=True) as client:
+        fr = client.create_flow_run(entry, name="calm-otter", parameters={"config": str(bad)})
+        run_flow(entry, flow_run=fr, parameters={"config": str(bad)}, return_type="state")
+        assert client.read_flow_run(fr.id).name == "broken"

@@ -75,7 +75,9 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
     dep = subprocess.run([sys.executable, "-m", "flows.cli", "deploy", "pipeline"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=180)
     assert dep.returncode == 0, dep.stdout + dep.stderr
-    assert "registered harnessrl/pipeline" in dep.stdout and "prefect worker start --pool harnessrl-process" in dep.stdout
+    # one summary table (Prefect's own deploy prints one per deployment)
+    assert "1 deployment(s) registered" in dep.stdout and dep.stdout.count("┏") == 1, dep.stdout
+    assert "harnessrl/pipeline" in dep.stdout and "prefect worker start --pool harnessrl-process" in dep.stdout
     t_deploy = time.monotonic() - t0
 
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
@@ -124,6 +126,11 @@ def test_deploy_run_through_worker_and_read_back(server, tiny_model_dir, tmp_pat
 
         label = run_label(load_config(cfg_path))
         assert fr.name == label and {"harnessrl", "deployed"} <= set(fr.tags), (fr.name, fr.tags)
+        # the run was created under a random name; renamed at its start, its logs say the config's
+        assert run.name != label and any(label in g.message for g in logs)
+        # only the worker's line from before the run's process started says the name it was created under
+        assert [g.message for g in logs if run.name in g.message] == [
+            f"Flow run '{run.name}' submitted to infrastructure"], [g.message for g in logs if run.name in g.message]
         assert sorted(c.name for c in children) == sorted(f"{s} · {label}" for s in [*STAGES, "report-tables"])
         assert all("deployed" in c.tags for c in children), [c.tags for c in children]
         children = [c for c in children if client.read_flow(c.flow_id).name != "report-tables"]

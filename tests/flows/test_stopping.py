@@ -69,11 +69,20 @@ def test_a_signal_unwinds_the_body_and_cancels_the_stage(tmp_path, sig):
 
 
 def test_a_main_thread_that_holds_the_signal_back_is_ended_by_the_watch(tmp_path):
-    rc, seconds, out, record = run_and_signal(tmp_path, signal.SIGTERM, "60:blocked")
-    assert rc == 128 + signal.SIGTERM and 1.0 <= seconds < 5.0, (rc, seconds, out)
+    # the fault blocks SIGTERM in the main thread only; now and then (3 of ~17 runs seen) the kernel
+    # hands the signal to another thread of the process first and the main thread stops on its own,
+    # in well under a second: also a clean stop, but not the path under test. Up to 3 tries for the
+    # watch's path; every try must be one of the two clean stops.
+    for attempt in range(3):
+        rc, seconds, out, record = run_and_signal(tmp_path / str(attempt), signal.SIGTERM, "60:blocked")
+        assert rc == 128 + signal.SIGTERM and seconds < 5.0, (rc, seconds, out)
+        assert record["state"] == "Cancelled" and record["error"].startswith("stopped by SIGTERM")
+        if seconds >= 1.0:
+            break
+        assert "test run stopped by SIGTERM: stage rollout cancelled" in out, out
+    assert 1.0 <= seconds, (seconds, out)
     assert "test run stopped by SIGTERM after 1 s (the main thread was busy in native code); stage rollout " \
            "cancelled" in out
-    assert record["state"] == "Cancelled" and record["error"].startswith("stopped by SIGTERM")
 
 
 def test_without_a_signal_the_body_runs_and_the_handlers_come_back():

@@ -26,7 +26,7 @@ def test_the_registry_holds_exactly_the_engines_the_config_accepts():
 
 def test_the_interface_declares_what_online_training_needs():
     assert _methods(PolicyEngine) == {"generate", "close"}
-    assert _methods(WeightSyncEngine) == {"load_weights", "score"}
+    assert _methods(WeightSyncEngine) == {"load_weights", "load_adapter", "score"}
     assert PolicyEngine in WeightSyncEngine.__mro__
 
 

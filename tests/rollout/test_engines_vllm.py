@@ -225,11 +225,12 @@ print("RESULT " + json.dumps({"steps": steps, "generate": plain, "seen": seen}))
     assert [g.logprobs for g in via_engine] == [r[1] for r in res["generate"]]
 
 
-@pytest.mark.parametrize("lora", ["adapter", "auto"])
+@pytest.mark.parametrize("lora", ["adapter", "auto", "delta"])
 def test_vllm_lora_adapter_matches_peft_recomputation(tiny_model_dir, tmp_path, lora):
-    """vLLM's LoRA layers (``adapter``) and the adapter merged into the weights (``auto`` on the
-    CPU = ``merged``) both give the peft model's float32 log-probs; the merged copy is removed on
-    close."""
+    """vLLM's LoRA layers (``adapter``), the adapter merged into the weights (``auto`` on the CPU
+    = ``merged``) and the factors applied beside vLLM's fused layers by the worker's
+    hooks (``delta``: q/k/v inside ``qkv_proj``, gate/up inside ``gate_up_proj``) all give the
+    peft model's float32 log-probs; the merged copy is removed on close."""
     require_vllm_venv()
     from tasks.rollout.engines import make_policy
 
@@ -239,10 +240,13 @@ def test_vllm_lora_adapter_matches_peft_recomputation(tiny_model_dir, tmp_path, 
     with make_policy(tiny_model_dir, cfg, base_model_id="tiny", adapter_dir=adapter) as pol:
         assert pol.policy_id == f"tiny+{pol.adapter_sha256[:12]}" and len(pol.adapter_sha256) == 64
         merged = pol._merged_dir
-        assert pol.lora_mode == ("adapter" if lora == "adapter" else "merged")
-        assert (merged is None) == (lora == "adapter")
+        assert pol.lora_mode == ("merged" if lora == "auto" else lora)
+        assert (merged is None) == (lora != "auto") and pol.delta_loaded == (lora == "delta")
         if merged is not None:
             assert Path(merged, "model.safetensors").is_file() and pol.adapter_dir is None
+        if lora == "delta":  # served: the base model's folder, no vLLM LoRA
+            assert pol.worker_config["model"] == str(tiny_model_dir.resolve()) and pol.adapter_dir is None
+            assert pol.worker_config["max_lora_rank"] is None
         worker = pol._worker.proc
         for s in SAMPLINGS:
             prompts = prompts_for(pol.tokenizer)

@@ -155,3 +155,31 @@ def test_every_episode_says_why_it_stopped(tiny_model_dir, task_and_record, harn
         ep = dict(eps[0], task_id=task["task_id"], task_hash=task["task_hash"], harness_id=spec.harness_id)
         seqs, dropped = build_sequences([ep], turns, {spec.harness_id: (1.0, 0, 1.0)})
         assert len(seqs) == 1 and seqs[0].reward == 0.0 and seqs[0].stop_reason == want and dropped == {}
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_each_tool_call_is_timed_with_its_exit_status_and_where_the_model_saw_it(tiny_model_dir, task_and_record):
+    """``tool_calls``: per turn each call's start and end (between the engine calls around it),
+    exec status and exit code, and where the turn's observation shows its text; a call whose text
+    no observation showed (the last turn) keeps the text itself."""
+    from transformers import AutoTokenizer
+
+    task, rec = task_and_record
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    script = ["```python\nimport sys\nprint(7)\nsys.exit(3)\n```", "```python\nprint(8)\n```", "```python\nprint(9)\n```"]
+    eps, turns = run_episodes(ScriptedPolicy(tok, script), load_harness("react-python"),
+                              [EpisodeJob("ep0", rec, task, 0, 0)], SandboxConfig(), seed=0)
+    ep = eps[0]
+    calls, times = ep["tool_calls"], ep["turn_times"]
+    assert [len(c) for c in calls] == [1, 1, 1] and ep["num_turns"] == 3
+    assert [(c[0]["tool"], c[0]["status"], c[0]["exit_code"]) for c in calls] == [
+        ("python", "error", 3), ("python", "ok", 0), ("python", "ok", 0)]
+    for k in range(2):  # shown: the call's own text in the observation the model read next
+        off, n = calls[k][0]["shown"]
+        assert turns[k]["observation"][off:off + n] == f"Output:\n{7 + k}\n({2 - k} turns left)"
+        assert "output" not in calls[k][0]
+    assert turns[2]["observation"] == "" and "shown" not in calls[2][0] and calls[2][0]["output"] == "9"
+    for k, c in enumerate(calls):  # each call ran after the engine call of its turn, before the next
+        assert times[k][1] <= c[0]["start"] <= c[0]["end"]
+        if k + 1 < len(times):
+            assert c[0]["end"] <= times[k + 1][0]

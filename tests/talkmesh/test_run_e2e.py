@@ -49,7 +49,8 @@ def _cfg(model_dir, **tm):
         "name": "talkmesh-e2e", "seed": 1,
         "suites": [{"name": "basic_arithmetic", "size": 8, "seed": 2,
                     "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
-        "split": {"test_fraction": 0.5}, "harnesses": ["direct"],
+        # a findings config needs a disjoint split (refused at load otherwise)
+        "split": {"test_fraction": 0.5, "disjoint": "findings" in tm}, "harnesses": ["direct"],
         "policy": {"model": str(model_dir), "autocast_dtype": "float32", "rollout_dtype": "float32"},
         "rollout": {"task_runner": "serial"},
         "train": {"micro_batch_size": 16, "kl": {"beta": 0.0}},

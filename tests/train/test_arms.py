@@ -197,6 +197,24 @@ def test_one_arm_run_keeps_the_final_layout_and_matches_the_same_arm(two_arms, t
     assert ck[1]["adapter_sha256"] == multi["within"]
 
 
+def test_training_seeds_give_one_checkpoint_per_seed_and_seed_0_is_the_run_seeds_arm(two_arms, tiny_model_dir,
+                                                                                       tmp_path):
+    # the run's seed is 0 (BASE sets none): the arm's training seed 0 draws what the unseeded
+    # arm drew, bit for bit; seed 1 draws another adapter initialisation and mini-batch order
+    d = _arm_cfg(tiny_model_dir).model_dump(mode="json", exclude_none=True)
+    d["arms"] = [{"name": "within", "train": {"seeds": [0, 1]}}]
+    cfg = RunConfig.model_validate(d)
+    assert cfg.seed == 0
+    store, refs = _store(tmp_path, cfg)
+    out = run_train(store, cfg, refs)
+    ck = store.rows(out["checkpoints"])
+    assert [(c["name"], c["path"]) for c in ck] == [("base", ""), ("within@s0", "train/checkpoints/within@s0/step-2"),
+                                                   ("within@s1", "train/checkpoints/within@s1/step-2")]
+    unseeded = {c["name"]: c["adapter_sha256"] for c in ArtifactStore(two_arms[1].root).rows(two_arms[3]["checkpoints"])}
+    assert ck[1]["adapter_sha256"] == unseeded["within"] and ck[2]["adapter_sha256"] != ck[1]["adapter_sha256"]
+    assert {s["arm"] for s in store.rows(out["train_steps"])} == {"within@s0", "within@s1"}
+
+
 def test_a_crash_in_the_second_arm_does_not_retrain_the_first(two_arms, tiny_model_dir, tmp_path, monkeypatch):
     _, full_store, _, full = two_arms
     cfg = _arm_cfg(tiny_model_dir)

@@ -137,3 +137,52 @@ def test_online_stage_samples_through_one_engine_with_bounded_staleness(tiny_mod
     phases = store.manifest("train", "train_steps")["extra"]["phases"]
     assert [p["iteration"] for p in phases] == [0, 1, 2] and all(p["sample_s"] > 0 for p in phases)
     assert all(torch.isfinite(torch.tensor(p["sync_s"])) for p in phases)
+
+
+def _bf16_cfg(model_dir, **train):
+    cfg = _cfg(model_dir, **train)
+    pol = cfg.policy.model_copy(update={"rollout_dtype": "bfloat16", "autocast_dtype": "bfloat16",
+                                        "vllm": cfg.policy.vllm.model_copy(update={"lora": "delta"})})
+    return cfg.model_copy(update={"policy": pol})
+
+
+def test_adapter_only_sync_reaches_the_bf16_engine_and_a_no_op_load_is_caught(tiny_model_dir, monkeypatch):
+    """bf16 base weights in vLLM, the adapter's factors sent alone (``lora: delta``): a good sync
+    agrees with the trainer (bf16 on both sides), sends a fraction of the merged weights' bytes, and
+    moves the engine as the trainer moved; a load that reports success and applies nothing fails
+    the first sync's probe-adapter check."""
+    require_vllm_venv()
+    from tasks.rollout.engines import load_policy
+    from tasks.train.online import EngineSampler, SyncError, probe_sequence
+    from tasks.train.trainer import Trainer
+
+    tol = 0.02  # the tiny model's random output head moves its log-probs by tenths of a nat at most
+    seqs = [TrainSequence(f"s{i}", [5, 6, 7, 8 + i, 9 + i], [0, 0, 0, 1, 1], [0.0] * 5, float(i % 2), "t", "h", "H",
+                          (1.0, 0, 1.0)) for i in range(4)]
+    for broken in (False, True):
+        cfg = _bf16_cfg(tiny_model_dir, lr=0.5)
+        tr = Trainer(cfg, tiny_model_dir, log=_quiet)
+        tr.step(tr.new_batch(seqs), [0, 1, 2, 3])
+        engine = load_policy(cfg)
+        try:
+            probe = probe_sequence(tr.tokenizer)
+            before = engine.score([probe.ids])[0]
+            if broken:
+                monkeypatch.setattr(engine, "load_adapter", lambda t, s: {"seconds": 0.0, "names": len(t), "bytes": 0})
+            sampler = EngineSampler(engine, lambda *a: None, dtype="bfloat16", tolerance=tol, adapter_only=True,
+                                    log=_quiet)
+            try:
+                if broken:
+                    with pytest.raises(SyncError, match="under the probe adapter"):
+                        sampler.sync(tr)
+                    continue
+                report = sampler.sync(tr)
+            finally:
+                sampler.close()
+            after = engine.score([probe.ids])[0]
+            idx = [p for p, m in enumerate(probe.mask[1:]) if m]
+            assert report["max_abs_logp_diff"] < tol and max(abs(after[p] - before[p]) for p in idx) > 0.05
+            merged = sum(v.numel() * v.element_size() for v in tr.merged_state("bfloat16").values())
+            assert report["sync_bytes"] == sum(v.numel() * 4 for v in tr.adapter_state().values()) < merged
+        finally:
+            engine.close()

@@ -59,6 +59,14 @@ class WeightSyncEngine(PolicyEngine, Protocol):
         tensors loaded). Raises EngineError when the engine cannot load them."""
         ...
 
+    def load_adapter(self, tensors: dict[str, Any], scale: float) -> dict[str, float]:
+        """Serve the LoRA factors ``tensors`` (peft names, from
+        :meth:`tasks.train.trainer.Trainer.adapter_state`) at ``scale`` beside the base weights,
+        replacing the factors of an earlier call in place (adapter-only sync, ``policy.vllm.lora:
+        delta``). Returns ``{"seconds", "names", "bytes", ...}``. Raises EngineError when the
+        engine cannot apply them."""
+        ...
+
     def score(self, prompts: list[list[int]]) -> list[list[float]]:
         """Log-probs (nats, temperature 1, no top-k/top-p) of every token after the first of each
         token-id list under the current weights: ``len(p) - 1`` floats per prompt."""

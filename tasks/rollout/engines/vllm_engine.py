@@ -91,6 +91,24 @@ def _lora_rank(adapter_dir: Path) -> int:
     raise EngineError(f"adapter {adapter_dir}: LoRA rank {r} exceeds vLLM's largest ({LORA_RANKS[-1]})")
 
 
+def adapter_scale(adapter_dir: Path) -> float:
+    """peft's scaling of the adapter in ``adapter_dir`` (``adapter_config.json``): ``lora_alpha / r``,
+    or ``lora_alpha / sqrt(r)`` with ``use_rslora``.
+
+    Raises:
+        EngineError: no config, or per-module ranks or alphas (``rank_pattern`` / ``alpha_pattern``),
+            which one scale cannot express."""
+    path = Path(adapter_dir) / "adapter_config.json"
+    if not path.exists():
+        raise EngineError(f"adapter {adapter_dir}: no adapter_config.json")
+    c = json.loads(path.read_text())
+    if c.get("rank_pattern") or c.get("alpha_pattern"):
+        raise EngineError(f"adapter {adapter_dir}: rank_pattern/alpha_pattern are set; policy.vllm.lora=delta "
+                          "applies one scale to every module")
+    r, alpha = int(c["r"]), float(c["lora_alpha"])
+    return alpha / (r ** 0.5) if c.get("use_rslora") else alpha / r
+
+
 def worker_env(cfg: PolicyConfig) -> dict[str, str]:
     """The environment the worker runs in: this one without the Python and venv variables (the
     worker runs another venv), offline, with vLLM's CPU KV cache size, the engine core in the
@@ -249,8 +267,9 @@ class VLLMPolicy:
         base_model_id: id of the base model (recorded in every episode's ``policy_id``).
         adapter_dir: a peft LoRA adapter folder, or None for the base model. Applied as
             ``cfg.vllm.lora`` says: vLLM's LoRA layers, or merged into a temporary copy of the
-            weights (:func:`merge_adapter`; removed by :meth:`close`). ``policy_id`` is the same
-            either way (base model + adapter hash).
+            weights (:func:`merge_adapter`; removed by :meth:`close`), or beside the base weights in
+            float32 (``delta``: :meth:`load_adapter` at start). ``policy_id`` is the same either
+            way (base model + adapter hash).
 
     Raises:
         EngineError: no venv, the worker failed to start within ``vllm.start_timeout_s``, or the
@@ -268,10 +287,10 @@ class VLLMPolicy:
         self.base_model_id = base_model_id
         self.policy_id, self.adapter_sha256 = policy_identity(base_model_id, adapter_dir)
         vc = cfg.vllm
-        self.lora_mode = (("merged" if cfg.device == "cpu" else "adapter") if vc.lora == "auto" else vc.lora) \
-            if adapter_dir is not None else None
+        self.lora_mode = vc.lora_mode(cfg.device) if adapter_dir is not None else None
         serve_dir = self.model_dir
         self._merged_dir: str | None = None
+        self.delta_loaded = False  # a LoRA delta is served (load_adapter ran)
         if self.lora_mode == "merged":
             self._merged_dir = tempfile.mkdtemp(prefix="harnessrl-merged-")
             weakref.finalize(self, _rmtree, self._merged_dir)
@@ -299,6 +318,15 @@ class VLLMPolicy:
             self.close()
             raise EngineError(f"vllm loaded EOS id {self._worker.ready['eos_token_id']} from {model_dir}, "
                               f"the transformers tokenizer has {self.eos_id}")
+        if self.lora_mode == "delta":
+            from safetensors.torch import load_file
+
+            try:
+                self.load_adapter(load_file(str(Path(adapter_dir) / "adapter_model.safetensors")),  # type: ignore[arg-type]
+                                  adapter_scale(Path(adapter_dir)))  # type: ignore[arg-type]
+            except BaseException:
+                self.close()
+                raise
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
         """Sample one completion per prompt (token-id lists) in one vLLM call; prompt ``i`` gets
@@ -355,20 +383,50 @@ class VLLMPolicy:
 
         Only for an engine serving the base model (no LoRA adapter): raises EngineError otherwise,
         or when the worker fails to load."""
-        from safetensors.torch import save_file
+        if self.adapter_dir is not None or self._merged_dir is not None or self.delta_loaded:
+            raise EngineError("vllm: load_weights needs an engine started on the base model (no adapter)")
+        reply = self._send_tensors("load_weights", state, {})
+        return {"seconds": float(reply["seconds"]), "names": int(reply["names"]), "bytes": reply["bytes"]}
+
+    def load_adapter(self, tensors: dict[str, Any], scale: float) -> dict[str, float]:
+        """Serve the LoRA adapter ``tensors`` (peft names, e.g. from
+        :meth:`tasks.train.trainer.Trainer.adapter_state`; sent in float32) at ``scale`` (peft's
+        ``lora_alpha / r``), unmerged beside the base weights (``policy.vllm.lora: delta``,
+        :mod:`tasks.rollout.engines.lora_delta`): the first call installs it, later calls replace
+        the factors in place and must name the same modules. Returns ``{"seconds", "names",
+        "bytes", "modules", "layers", "params"}`` (the worker's load time; tensors, bytes sent;
+        adapted sub-projections, hooked layers, factor elements).
+
+        Raises:
+            EngineError: the engine serves a merged or vLLM-LoRA adapter, or the worker refused the
+                tensors (a module the model lacks, other shapes or modules than the first load)."""
+        import torch
 
         if self.adapter_dir is not None or self._merged_dir is not None:
-            raise EngineError("vllm: load_weights needs an engine started on the base model (no adapter)")
+            raise EngineError("vllm: load_adapter needs an engine started on the base model or with lora=delta")
+        reply = self._send_tensors("load_adapter", {k: v.detach().to(torch.float32) for k, v in tensors.items()},
+                                   {"scale": float(scale)})
+        self.delta_loaded = True
+        return {k: float(reply[k]) if k == "seconds" else int(reply[k])
+                for k in ("seconds", "names", "bytes", "modules", "layers", "params")}
+
+    def _send_tensors(self, op: str, tensors: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        """Write ``tensors`` to a safetensors file in shared memory (``/dev/shm`` when it exists),
+        send ``{"op": op, "path": file, **extra}`` and return the reply with ``bytes`` (the
+        tensors' size); the file is removed afterwards."""
+        from safetensors.torch import save_file
+
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, path = tempfile.mkstemp(prefix="harnessrl-weights-", suffix=".safetensors", dir=shm)
         os.close(fd)
         try:
-            save_file({k: v.contiguous() for k, v in state.items()}, path)
-            reply = self._worker.request({"op": "load_weights", "path": path}, self.cfg.vllm.request_timeout_s,
-                                         "load_weights")
+            tensors = {k: v.contiguous() for k, v in tensors.items()}
+            save_file(tensors, path)
+            reply = self._worker.request({"op": op, "path": path, **extra}, self.cfg.vllm.request_timeout_s, op)
         finally:
             os.unlink(path)
-        return {"seconds": float(reply["seconds"]), "names": int(reply["names"])}
+        reply["bytes"] = sum(int(v.numel()) * v.element_size() for v in tensors.values())
+        return reply
 
     def score(self, prompts: list[list[int]]) -> list[list[float]]:
         """Log-probs (nats, temperature 1, no top-k/top-p) of every token after the first of each

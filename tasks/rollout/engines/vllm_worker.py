@@ -1,9 +1,9 @@
 """The vLLM worker: runs ``vllm.LLM`` in the ``.venv-vllm`` interpreter and answers requests from
 :class:`tasks.rollout.engines.vllm_engine.VLLMPolicy` over a JSON-lines pipe.
 
-Standard library + vLLM only: it runs in a venv that does not have (and must not import) the
-harnessrl packages, and it is started by file path, so nothing beside it may be named like a
-package it imports.
+Standard library + vLLM only (and :mod:`lora_delta` beside it, torch only): it runs in a venv that
+does not have (and must not import) the harnessrl packages, and it is started by file path, so
+nothing beside it may be named like a package it imports.
 
 Protocol (one JSON object per line; stdin -> requests, the private reply pipe -> replies):
 
@@ -26,6 +26,12 @@ Protocol (one JSON object per line; stdin -> requests, the private reply pipe ->
   are loaded into the running engine in place by vLLM's own ``reload_weights`` (which restores
   the layers from their kernel format, loads, and re-runs the kernels' weight processing, e.g. the
   CPU oneDNN prepacking); the prefix cache is reset. Layers absent from the file keep their weights.
+* ``{"op": "load_adapter", "path": FILE, "scale": float}`` -> ``{"ok": true, "seconds": float,
+  "names": int, "modules": int, "layers": int, "params": int}``: the safetensors file's LoRA factors
+  (peft names, ``...q_proj.lora_A.weight``) become the served adapter, applied unmerged in float32
+  beside the base weights by forward hooks (:mod:`lora_delta`, beside this file); the first load
+  installs the hooks, later loads copy the factors in place and must name the same modules. The
+  prefix cache is reset. Generate requests then name no adapter.
 * ``{"op": "score", "prompts": [[int]]}`` -> ``{"ok": true, "logprobs": [[float]]}``: the log-prob
   of each prompt token after the first under the current weights (temperature 1, no top-k/p).
 * ``{"op": "shutdown"}`` -> ``{"ok": true}`` and the worker exits.
@@ -66,6 +72,9 @@ def _serve(reply, config: dict) -> None:
                 return
             if op == "load_weights":
                 _send(reply, _load_weights(llm, req["path"]))
+                continue
+            if op == "load_adapter":
+                _send(reply, _load_adapter(llm, req["path"], float(req["scale"])))
                 continue
             if op == "score":
                 _send(reply, {"ok": True, "logprobs": _score(llm, req["prompts"])})
@@ -170,6 +179,27 @@ def _load_weights(llm, path: str) -> dict:
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items()), "is_checkpoint_format": True})
     llm.reset_prefix_cache()
     return {"ok": True, "seconds": time.perf_counter() - t0, "names": len(state)}
+
+
+def _load_adapter(llm, path: str, scale: float) -> dict:
+    import time
+
+    from lora_delta import LoraDelta  # beside this file (the worker is started by path)
+    from safetensors.torch import load_file
+
+    t0 = time.perf_counter()
+    tensors = load_file(path)
+
+    def apply(model):
+        delta = getattr(model, "_harnessrl_lora_delta", None)
+        if delta is None:
+            delta = LoraDelta(model, getattr(model, "packed_modules_mapping", {}), next(model.parameters()).device)
+            model._harnessrl_lora_delta = delta
+        return delta.load(tensors, scale)
+
+    info = llm.apply_model(apply)[0]
+    llm.reset_prefix_cache()
+    return {"ok": True, "seconds": time.perf_counter() - t0, "names": len(tensors), **info}
 
 
 def _score(llm, prompts: list) -> list:
