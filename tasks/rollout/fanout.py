@@ -147,9 +147,17 @@ class _SharedPolicy:
         self._policy = policy
         self.tokenizer = copy.deepcopy(policy.tokenizer)
 
-    def generate(self, prompts: list[list[int]], sampling: Any, seed: int) -> Any:
+    def generate(self, prompts: list[list[int]], sampling: Any, seed: int, **states: Any) -> Any:
+        """The policy's ``generate``; ``states``/``keep_states`` passed on when given (the harness
+        gives them only to a policy whose ``generate`` takes them: :func:`tasks.rollout.harness.takes_states`)."""
         with _GENERATE_LOCK:
-            return self._policy.generate(prompts, sampling, seed)
+            return self._policy.generate(prompts, sampling, seed, **states)
+
+    @property
+    def takes_states(self) -> bool:
+        from tasks.rollout.harness import takes_states
+
+        return takes_states(self._policy)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._policy, name)

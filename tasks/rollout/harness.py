@@ -57,6 +57,23 @@ class Policy(Protocol):
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]: ...
 
 
+def takes_states(policy: Any) -> bool:
+    """Whether ``policy.generate`` takes ``states`` and ``keep_states`` (the ``hf`` engine: an
+    episode's next turn starts from the keys and values of its previous one,
+    :mod:`tasks.rollout.engines.hf_prefix`). A wrapper says so with a ``takes_states`` attribute;
+    otherwise the signature decides."""
+    import inspect
+
+    flag = getattr(type(policy), "takes_states", None)
+    if flag is not None:
+        return bool(getattr(policy, "takes_states"))
+    try:
+        params = inspect.signature(policy.generate).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return "states" in params and "keep_states" in params
+
+
 @dataclass(frozen=True)
 class EpisodeJob:
     """One episode to run: the record (task x harness), the task row, and its sample index."""
@@ -148,6 +165,7 @@ class _Episode:
     last_text: str = ""
     out_of_turns: bool = False
     cut: bool = False  # the context budget ended it, or its last reply was cut at max_new_tokens
+    state: Any = None  # the engine's keys and values of the last turn, for the next (takes_states)
     # per turn: [start, end] (Unix seconds) of the engine call that sampled it, and the number of
     # requests in that call (a batch shares one call); not in any artifact (not reproducible)
     turn_times: list[list[float]] = field(default_factory=list)
@@ -428,6 +446,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 e.error = (f"the first prompt ({len(e.prompt)} tokens) + max_new_tokens "
                            f"({spec.sampling.max_new_tokens}) exceeds the context budget of {limit} tokens")
         report(spec.max_turns * sum(e.done for e in eps))
+        stateful = spec.max_turns > 1 and takes_states(policy)
         for turn in range(spec.max_turns):
             active = [e for e in eps if not e.done]
             if not active:
@@ -437,13 +456,18 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
             sampled = _Sampled(report, len(active))
             t_start = time.time()
             with on_requests_done(sampled):
-                gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
+                if stateful:  # each episode's previous turn's keys and values; kept unless it is the last turn
+                    gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed,
+                                           states=[e.state for e in active], keep_states=turn < spec.max_turns - 1)
+                else:
+                    gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
             t_end = time.time()
             for e in active:
                 e.turn_times.append([t_start, t_end, float(len(active))])
             fault_point(f"rollout:{spec.name}:turn:{turn}")  # crash tests: a worker dying mid-shard
             results = list(pool.map(lambda eg: _step(eg[0], spec, eg[1], turn, sandbox_cfg), zip(active, gens)))
             for e, g, (observation, obs_spans, action) in zip(active, gens, results):
+                e.state = g.state
                 spans = list(e.spans0) if turn == 0 else []
                 e.input_tokens += len(e.prompt)
                 row = {
@@ -482,6 +506,8 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                     else:
                         e.prompt = new_prompt
                         e.prompt_cols = next_turn(cont)
+                if e.done:
+                    e.state = None
                 row["read_spans"] = canonical_json(spans)
             report(len(active) - sampled.n + (spec.max_turns - turn - 1) * sum(e.done for e in active))
 
