@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from tasks.config import SandboxConfig
-from tasks.harnesses.sandbox_errors import SandboxError, SandboxPathError
+from tasks.environments.errors import SandboxError, SandboxPathError
 
 ExecStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "disk_limit", "output_limit", "killed"]
 """How an exec ended; the exact rules are in ``server.py``'s module docstring:
