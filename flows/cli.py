@@ -403,7 +403,7 @@ def verify(run_dir: Path = typer.Argument(..., help="a run folder"),
                 raise typer.Exit(2)
             typer.echo(f"witnessed by the Prefect API: plan at {seen['plan']}, head at {seen['head']}")
         if findings_file is not None:
-            from flows.findings import check_published
+            from flows.published_findings import check_published
 
             got = check_published(ArtifactStore(run_dir), findings_file, run_dir.resolve().name.rsplit("-", 1)[-1],
                                   plan_hash=rep.plan_hash, fingerprint=rep.fingerprint)
@@ -440,7 +440,7 @@ def findings(
     import json
     import subprocess
 
-    from flows.findings import ARMS_FILE, finding_rows
+    from flows.published_findings import ARMS_FILE, finding_rows
     from schemas import ArtifactStore
     from tasks.analysis.infra import InfraThresholdError
     from tasks.evaluate.seal import SealError
@@ -483,7 +483,7 @@ def findings(
         with append.open("a") as fh:
             fh.write("".join(line + "\n" for line in lines))
         typer.echo(f"appended {len(lines)} row(s) to {append}")
-        from flows.findings import arm_rows, copy_figures
+        from flows.published_findings import arm_rows, copy_figures
 
         label = f"{cfg.name}-{cfg.config_hash()[:10]}"
         arms = arm_rows(store, cfg, label)

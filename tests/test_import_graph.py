@@ -134,7 +134,7 @@ def test_the_checks_catch_a_forbidden_import(graph):
     """Each rule above fails on the import it forbids (a core importing an application, a lower
     layer importing a higher one, a package opening another's stage)."""
     g = graph.copy()
-    g.add_edge("tasks.harnesses.spec", "tasks.talkmesh.protocol")
+    g.add_edge("tasks.harnesses.spec", "tasks.talkmesh.mesh")
     g.add_edge("tasks.config.run", "tasks.rollout.models")
     g.add_edge("tasks.evaluate.exports", "tasks.train.stage")
     g.add_edge("tasks.environments.browser", "tasks.records.suites.base")  # the loop the shared rank hid
@@ -143,7 +143,7 @@ def test_the_checks_catch_a_forbidden_import(graph):
     assert upward_imports(g) == [("tasks.config.run", "tasks.rollout.models"),
                                  ("tasks.environments.browser", "tasks.records.suites.base"),
                                  ("tasks.environments.errors", "tasks.environments.sandbox.base"),
-                                 ("tasks.harnesses.spec", "tasks.talkmesh.protocol"),
+                                 ("tasks.harnesses.spec", "tasks.talkmesh.mesh"),
                                  ("tasks.records.verifiers", "tasks.rollout.harness")]
     assert stage_openers(g) == [("tasks.evaluate.exports", "tasks.train.stage")]
     assert rank("tasks.environments.errors") == 0 and rank("tasks.environments.sandbox.bwrap") == 3

@@ -216,7 +216,7 @@ class MeshHeadSpec(_Strict):
 
 
 class MeshSpec(_Strict):
-    """The ``mesh`` block of a ``talkmesh`` harness (P3: docs/methods/p3-talkmesh.md; :mod:`tasks.talkmesh.protocol`).
+    """The ``mesh`` block of a ``talkmesh`` harness (P3: docs/methods/p3-talkmesh.md; :mod:`tasks.talkmesh.mesh`).
 
     ``agents`` N (2..256) share the policy; ``topology`` full | ring | regular (random
     ``degree``-regular); ``rounds`` of hint + revision (0..16); agents with a confidence below

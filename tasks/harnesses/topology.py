@@ -2,7 +2,7 @@
 
 Kept with the harness specs, not in the TalkMesh application, because a spec's validation builds
 the graph once to refuse an impossible ``degree`` (:class:`tasks.harnesses.spec.MeshSpec`); the
-protocol (:mod:`tasks.talkmesh.protocol`) builds it for every problem.
+protocol (:mod:`tasks.talkmesh.mesh`) builds it for every problem.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from tasks.hashing import canonical_json, seed_from, sha256_text
 from tasks.progress import on_requests_done
 from tasks.records.verifiers import VerifierError, grade
 from tasks.rollout.loop_plugins import ENTRY_POINT_GROUP
-from tasks.rollout.policy import ChatFormat, Generation
+from tasks.rollout.generation import ChatFormat, Generation
 from tasks.rollout.turns import first_turn, next_turn
 
 # the loop types this engine runs; any other (talkmesh) is run by a plugin (tasks.rollout.loop_plugins)

@@ -78,7 +78,7 @@ class TalkMeshConfig(LaterOptions):
     data; the first ``agents`` are the training mesh's agents). ``samples``: samples per test
     problem for the vote baselines, K (k = 1..K; the mesh's agents are the first ``agents``).
     ``agents`` N, ``topology``, ``degree`` (regular), ``rounds``, ``threshold``, ``gossip_steps``:
-    :class:`tasks.talkmesh.protocol.MeshSettings`. ``talk_group``: mesh runs per training problem
+    :class:`tasks.talkmesh.mesh.MeshSettings`. ``talk_group``: mesh runs per training problem
     (different talk seeds) whose revisions form one GRPO group. ``train_talk``: train the talk
     adapter (false: the mesh talks with the base model only). ``colluders``: the values of m for
     the collusion experiment (each < agents). ``resamples``: orderings averaged in the vote curves.

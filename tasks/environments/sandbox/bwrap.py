@@ -9,7 +9,7 @@ capabilities, ``no_new_privs``. Inside, everything runs as uid/gid 65534; when t
 is root, bwrap itself is started as host uid 65534 too (so the sandbox's uid maps to the host's
 ``nobody``, never to root). ``--die-with-parent`` ends the tree if the host process dies.
 
-The exec server (``server.py``) is the namespace's process 1 (``--as-pid-1``); requests go over
+The exec server (``exec_server.py``) is the namespace's process 1 (``--as-pid-1``); requests go over
 bwrap's stdin/stdout pipes, and replies are waited for with ``poll(2)`` (a ``PollSelector``
 registered once per sandbox), which takes any descriptor number: ``select(2)`` refused the pipes
 of the sandboxes opened once the process held 1,024 descriptors. A sandbox holds 3 descriptors in

@@ -1,7 +1,7 @@
 """docker backend: one container per episode, driven through the docker SDK.
 
 The container (image :func:`~tasks.environments.sandbox.image.image_tag`, built by
-``scripts/setup-docker.sh``, or ``sandbox.docker_image``) runs the exec server (``server.py``) as
+``scripts/setup-docker.sh``, or ``sandbox.docker_image``) runs the exec server (``exec_server.py``) as
 its process 1, as uid/gid 65534, and the host talks to it over the container's attached
 stdin/stdout (docker's multiplexed stream framing). Settings: ``network_mode="none"``, a read-only
 root filesystem, size-capped tmpfs at ``/app`` (``workdir_mb``, owner 65534) and ``/tmp``
