@@ -98,11 +98,12 @@ def test_every_allowed_module_still_exists():
 
 
 def test_the_check_catches_a_shared_name():
-    paths = ["tasks/rollout/policy.py", "tasks/config/policy.py", "tasks/records/stage.py", "tasks/train/stage.py",
-             "tasks/newstage/stage.py", "flows/server.py", "tasks/environments/sandbox/server.py", "tasks/hashing.py"]
+    # made-up paths under a folder the repository does not have (pkg/), beside two real stages
+    paths = ["pkg/rollout/policy.py", "pkg/config/policy.py", "tasks/records/stage.py", "tasks/train/stage.py",
+             "pkg/newstage/stage.py", "pkg/flows/server.py", "pkg/sandbox/server.py", "tasks/hashing.py"]
     assert clashes(paths) == {
-        "policy.py": ["tasks/config/policy.py", "tasks/rollout/policy.py"],
-        "server.py": ["flows/server.py", "tasks/environments/sandbox/server.py"],
-        "stage.py": ["tasks/newstage/stage.py", "tasks/records/stage.py", "tasks/train/stage.py"],
+        "policy.py": ["pkg/config/policy.py", "pkg/rollout/policy.py"],
+        "server.py": ["pkg/flows/server.py", "pkg/sandbox/server.py"],
+        "stage.py": ["pkg/newstage/stage.py", "tasks/records/stage.py", "tasks/train/stage.py"],
     }
     assert clashes(["tasks/records/stage.py", "tasks/train/stage.py"]) == {}
