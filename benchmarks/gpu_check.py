@@ -45,13 +45,13 @@ def _cpu_dir(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from flows.cli import _quiet_libraries, prepare_environment
+    from flows.process_setup import prepare_environment, quiet_libraries
     from tasks.config import load_config
 
     cfg = load_config(Path(args.config), _sets(args.set), quick=args.quick)
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     prepare_environment(Path(cfg.run_root))
-    _quiet_libraries()
+    quiet_libraries()
     from flows.pipeline import pipeline, through_train
 
     t0 = time.perf_counter()

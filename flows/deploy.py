@@ -133,3 +133,31 @@ def summary_table(rows: list[dict[str, str]]) -> Any:
     for r in rows:
         table.add_row(*(r[c] for c in ("deployment", "schedule", "parameters", "id")))
     return table
+
+
+def deploy_command(file: Path, names: list[str] | None, say: Any) -> None:
+    """``harnessrl deploy``: register ``file``'s deployments (all, or ``names``) with the Prefect
+    API at PREFECT_API_URL, print their table and how to start a worker and a run.
+
+    Raises:
+        CommandError: no PREFECT_API_URL, or a bad prefect.yaml / name (2).
+    """
+    import os
+
+    from tasks.command import CommandError
+
+    if not os.environ.get("PREFECT_API_URL"):
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            raise CommandError("PREFECT_API_URL is not set: start a server (prefect server start, or "
+                               "infra/compose.yaml) and export PREFECT_API_URL=http://HOST:4200/api", 2)
+    from rich.console import Console
+
+    try:
+        rows = register(file, names or None)
+    except ValueError as e:
+        raise CommandError(str(e), 2) from None
+    Console(width=max(Console().width, 120)).print(summary_table(rows))
+    say(f"start a worker:  prefect worker start --pool {rows[0]['work_pool']} --type process")
+    say(f"run one now:     prefect deployment run '{rows[0]['deployment']}' -p config=configs/default.yaml")

@@ -20,8 +20,6 @@ from typing import Any, Callable, Iterator
 # The name of the pipeline's flow, the CLI's (flows.pipeline) and the deployments' (flows.deploy)
 PIPELINE_FLOW = "harnessrl"
 
-# The config-name prefixes of the seed papers' experiments (configs/*.yaml; docs/methods/ numbers them).
-_PAPER_PREFIXES = (("talkmesh", "P3"), ("bipa", "P2"))
 _PN = re.compile(r"p([1-9])(?![0-9])")
 
 
@@ -33,13 +31,16 @@ def run_label(cfg: Any) -> str:
 
 def paper_of(name: str) -> str | None:
     """The seed paper a config name says it reproduces: ``p4-small`` -> ``P4`` (``p<n>...``),
-    ``talkmesh-*`` -> ``P3``, ``bipa-*`` -> ``P2``; None for any other name (``default``,
-    ``learn-arith``)."""
+    a name that starts with an application's name -> that application's paper
+    (:func:`tasks.registries.applications.paper_of_name`: ``talkmesh-*`` -> ``P3``); None for any
+    other name (``default``, ``learn-arith``)."""
     low = name.lower()
     m = _PN.match(low)
     if m:
         return f"P{m.group(1)}"
-    return next((paper for prefix, paper in _PAPER_PREFIXES if low.startswith(prefix)), None)
+    from tasks.registries.applications import paper_of_name
+
+    return paper_of_name(low)
 
 
 def run_tags(cfg: Any) -> list[str]:

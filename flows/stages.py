@@ -89,7 +89,7 @@ def evaluate_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], 
     inputs = {**frozen, "episodes": rollouts["episodes"], "checkpoints": trained["checkpoints"]}
     if "online_episodes" in trained:  # online training's own rollouts: the leakage guard checks them too
         inputs["online_episodes"] = trained["online_episodes"]
-    # plugged-in loop types' fitted states (talkmesh: the confidence head), sealed into the plan
+    # plugged-in loop types' fitted states (e.g. a confidence head), sealed into the plan
     inputs.update({k: v for k, v in rollouts.items() if k in state_artifacts()})
     return _timed("evaluate", evaluate_task, run_dir, cfg, inputs, force)
 
@@ -103,7 +103,7 @@ def analyze_flow(run_dir: str, cfg: RunConfig, frozen: dict[str, ArtifactRef], r
     inputs = {"tasks": frozen["tasks"], "harnesses": frozen["harnesses"], "episodes": rollouts["episodes"],
               "turns": rollouts["turns"], "train_steps": trained["train_steps"],
               "checkpoints": trained["checkpoints"], **evaluated}
-    # plugged-in loop types' fitted states (talkmesh: its section of the report)
+    # plugged-in loop types' fitted states (an application's section of the report reads them)
     inputs.update({k: v for k, v in rollouts.items() if k in state_artifacts()})
     return _timed("analyze", analyze_task, run_dir, cfg, inputs, force)
 

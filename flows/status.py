@@ -177,3 +177,31 @@ def render(store: ArtifactStore, stages: list[StageStatus], rates: list[dict[str
                       "-" if r["ceiling"] is None else f"{r['ceiling']:.3f} (pass@{r['ceiling_k']})",
                       "-" if r["mismatch"] is None else f"{r['mismatch']:.3f}", str(r["graded"]))
         console.print(p)
+
+
+def status_command(run_dir: str) -> None:
+    """``harnessrl status``: the run's stages, artifacts and pass rates, printed with rich.
+
+    Raises:
+        CommandError: 2: not a run, or unreadable; 1: an artifact differs from its manifest.
+    """
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from schemas import ArtifactError
+    from tasks.command import CommandError
+
+    if "://" not in run_dir and not Path(run_dir).is_dir():
+        raise CommandError(f"{run_dir}: no such run folder", 2)
+    try:
+        store = ArtifactStore(run_dir)
+        stages = run_status(store)
+        rates = pass_rates(store) if not any(s.state == "corrupt" for s in stages) else []
+    except NotARunError as e:
+        raise CommandError(str(e), 2) from None
+    except (ArtifactError, OSError) as e:
+        raise CommandError(f"{run_dir}: cannot read the run: {e}", 2) from None
+    render(store, stages, rates, Console(width=max(Console().width, 120)))
+    if any(s.state == "corrupt" for s in stages):
+        raise CommandError("", 1)

@@ -170,7 +170,22 @@ def harness_reference() -> str:
         *rows,
         "",
         *model_sections(HarnessSpec, "", 2),
+        *application_sections(),
     ])
+
+
+def application_sections() -> list[str]:
+    """The harness-spec section of each application's loop type (its ``harness_block``), from the
+    application registry: present only in a spec of that loop type."""
+    from tasks.registries.applications import applications
+
+    out: list[str] = []
+    for app in applications():
+        if app.harness_block and app.harness_block_model is not None:
+            out += [f"Loop type `{app.loop_type}` ({app.title or app.name}) needs the `{app.harness_block}` section "
+                    "below; no other spec may have it.", ""]
+            out += model_sections(app.harness_block_model, app.harness_block, 2)
+    return out
 
 
 def _fmt(v: Any) -> str:

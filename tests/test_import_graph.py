@@ -7,7 +7,7 @@ The layers, lowest first (a module may import its own layer and those below it):
 
 | rank | packages |
 | --- | --- |
-| 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``), the registries of what people add to the trainer (``tasks.registries``), the environments' exceptions (``tasks.environments.errors``) |
+| 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``, ``tasks.command``), the registries of what people add (``tasks.registries``), the import list of the applications (``tasks.applications``, which names their modules as strings) and the environments' exceptions (``tasks.environments.errors``) |
 | 1 | ``tasks.harnesses`` |
 | 2 | ``tasks.config`` |
 | 3 | ``tasks.environments`` (the sandbox and the browser) |
@@ -24,7 +24,8 @@ grade inside them, and the episode loop (``tasks.rollout``) opens them and grade
 verifiers. Their exceptions (``tasks.environments.errors``, a module that imports nothing) sit at
 rank 0, because the harness tools (rank 1) raise ``SandboxPathError``; the rest of the sandbox
 reads its limits from the configuration (rank 2). The applications plug into the cores through
-:mod:`tasks.rollout.loop_plugins` and the contract registry instead of being imported by them.
+:mod:`tasks.registries.applications` (which imports the modules that :mod:`tasks.applications` lists, by
+name), :mod:`tasks.rollout.loop_plugins` and the contract registry instead of being imported by them.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ CORES = ("tasks.environments", "tasks.records", "tasks.rollout", "tasks.train", 
          "tasks.harnesses", "tasks.config", "schemas")
 APPLICATIONS = ("tasks.talkmesh", "tasks.bipa")
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("schemas", "tasks.hashing", "tasks.progress", "tasks.yamlfile", "tasks.registries", "tasks.environments.errors"),
+    ("schemas", "tasks.hashing", "tasks.progress", "tasks.yamlfile", "tasks.command", "tasks.registries",
+     "tasks.applications", "tasks.environments.errors"),
     ("tasks.harnesses",),
     ("tasks.config",),
     ("tasks.environments",),

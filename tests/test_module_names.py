@@ -40,6 +40,12 @@ ALLOWED: dict[str, str] = {
     "config.py": "tasks/bipa tasks/talkmesh",
     # MiniWoB++ in each of its roles: the browser session, and the suite that freezes its tasks
     "miniwob.py": "tasks/environments/browser tasks/records/suites",
+    # each application's registration (tasks/<application>/application.py), and in flows/, whose
+    # modules are the flows, the flow that runs an application
+    "application.py": "tasks/bipa tasks/talkmesh flows",
+    # the application registry (tasks/registries holds the registries), and the one list of the
+    # modules that register into it
+    "applications.py": "tasks/registries tasks",
     # tasks/config names each module for what it configures (run.py: the whole run);
     # tasks/talkmesh/run.py runs the application (its entry point's name is the apps branch's)
     "run.py": "tasks/config tasks/talkmesh",

@@ -24,9 +24,6 @@ ALLOWED: set[tuple[str, str, str]] = {
     # the online sampler of the train stage is being rewritten (issue 54 leaves tasks/train/stage.py
     # alone); the benchmark drives it directly until it has a public home
     ("benchmarks.learning", "tasks.train.stage", "_online_sampler"),
-    # flows/cli.py is being thinned in parallel (issue 54, part 2), which gives its library-quieting
-    # helper a home outside the CLI; renaming it there now would collide with that work
-    ("benchmarks.gpu_check", "flows.cli", "_quiet_libraries"),
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
+from tasks.registries.applications import enters_engine_tables
 
 
 def _trained(checkpoints: list[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
@@ -40,9 +41,9 @@ def log_odds_tables(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Arti
     from tasks.analysis.logodds import log_odds_pairs, log_odds_summary
 
     episodes, turns = store.rows(inputs["episodes"]), store.rows(inputs["turns"])
-    # talkmesh episodes have no first-turn state shared by one growing context (their turns are
-    # separate messages): left out, with a note from run_analyze
-    episodes = [e for e in episodes if specs[e["harness_id"]].loop_type != "talkmesh"]
+    # an application's episodes outside the engine tables (a mesh's turns are separate messages, no
+    # first-turn state shared by one growing context): left out, with its note from run_analyze
+    episodes = [e for e in episodes if enters_engine_tables(specs[e["harness_id"]].loop_type)]
     if not episodes:
         return [], []
     summary, pairs = [], []
@@ -85,7 +86,7 @@ def branching_rows(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artif
         ck = cks[name]
         chosen = []
         for hid in sorted({e["harness_id"] for e in evals if e["checkpoint"] == name
-                           and specs[e["harness_id"]].loop_type != "talkmesh"}):  # mesh runs: no engine replay
+                           and enters_engine_tables(specs[e["harness_id"]].loop_type)}):  # no engine replay
             cand = sorted((e for e in evals if e["checkpoint"] == name and e["harness_id"] == hid and e["retry"] == 0
                            and e["attempt"] == 0 and e["status"] in ("resolved", "unresolved")
                            and e["eval_id"] in by_ep),

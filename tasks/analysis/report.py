@@ -103,6 +103,12 @@ TABLE_BUDGET_PX = 800
 LONG_CELL = 28
 
 
+def fmt_num(x: Any, fmt: str = ".3f", why: str = "") -> str:
+    """A number for a report cell (``fmt``), or :func:`na` of ``why`` where it is None: the format
+    of every table of the report, for a section an application appends."""
+    return _f(x, fmt, why)
+
+
 def _col_px(cells: list[str]) -> float:
     return 8.5 * max(len(c) for c in cells) + 26.0
 
@@ -187,6 +193,12 @@ def _table(header: list[str], rows: list[list[str]], align: str | None = None, *
         if above:
             out.append(", ".join(f"[{n}]" for n in above) + ": see the note above  ")
     return out
+
+
+def md_table(header: list[str], rows: list[list[str]], align: str | None = None, *, keep: int) -> list[str]:
+    """:func:`_table`'s lines of a Markdown table (the report's own tables' layout and notes), for a
+    section an application appends."""
+    return _table(header, rows, align, keep=keep)
 
 
 @dataclass
@@ -503,51 +515,6 @@ def _render(inp: ReportInputs) -> str:
     out += ["With few test tasks these numbers carry wide sampling error; they describe this run, not the model in "
             "general.", ""]
     return "\n".join(out)
-
-
-def talkmesh_section(heads: list[dict[str, Any]], evals: list[dict[str, Any]], eval_turns: list[dict[str, Any]],
-                     harnesses: list[str]) -> str:
-    """The report's TalkMesh section (P3: docs/methods/p3-talkmesh.md) for the talkmesh harnesses ``harnesses``.
-
-    Args:
-        heads: ``talkmesh_head`` rows (the head's ECE and Brier score on its graded train
-            proposals).
-        evals: sealed ``evaluations`` rows; first attempts and retries alike, infra errors left out.
-        eval_turns: the attempts' turn rows (``turns`` contract, TalkMesh action JSON).
-
-    Returns Markdown: per harness, the head's calibration, then per checkpoint the mesh's accuracy
-    (consensus answer correct), the mean model-written messages per problem (outputs spent), and
-    revisions kept / attempted.
-    """
-    import json
-
-    out = ["## TalkMesh (P3)", ""]
-    if heads:
-        out += ["Confidence head, fitted in the rollout stage on graded base-policy proposals of the train tasks "
-                "(ECE with equal-width bins; Brier score):", ""]
-        out += _table(["harness", "proposals", "correct", "ECE", "Brier"],
-                      [[h["harness_name"], str(h["n"]), str(h["positives"]), _f(h["ece"]), _f(h["brier"])]
-                       for h in sorted(heads, key=lambda h: h["harness_name"])], keep=1)
-        out.append("")
-    by_ep: dict[str, list[dict[str, Any]]] = {}
-    for t in eval_turns:
-        by_ep.setdefault(t["episode_id"], []).append(t)
-    rows = []
-    for h in harnesses:
-        for ck in dict.fromkeys(e["checkpoint"] for e in evals if e["harness_name"] == h):
-            cell = [e for e in evals if e["harness_name"] == h and e["checkpoint"] == ck and e["status"] != "infra_error"
-                    and e["status"] != "timeout"]
-            if not cell:
-                continue
-            revs = [json.loads(t["action"]) for e in cell for t in by_ep.get(e["eval_id"], [])]
-            revs = [a for a in revs if a.get("kind") == "revision"]
-            rows.append([h, ck, str(len(cell)), _f(sum(e["resolved"] for e in cell) / len(cell)),
-                         _f(sum(e["num_turns"] for e in cell) / len(cell), ".1f"),
-                         f"{sum(bool(a.get('kept')) for a in revs)}/{len(revs)}"])
-    out += ["Sealed evaluation of the mesh (an attempt passes when the agents' consensus answer is correct); "
-            "outputs = model-written messages per problem (proposals, hints, revisions):", ""]
-    out += _table(["harness", "checkpoint", "attempts", "accuracy", "outputs / problem", "revisions kept"], rows, keep=2)
-    return "\n".join(out) + "\n"
 
 
 def _rate(k: Any, n: int, why: str = "") -> str:

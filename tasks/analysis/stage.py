@@ -24,6 +24,7 @@ from schemas import ArtifactRef, ArtifactStore
 from tasks.analysis.checkpoint_tables import branching_rows, log_odds_tables
 from tasks.analysis.tables import arm_spec, kl_beta, leakage_rows
 from tasks.config import RunConfig
+from tasks.registries.applications import applications_apart, enters_engine_tables
 
 log = logging.getLogger("harnessrl.analyze")
 
@@ -119,13 +120,13 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
 
     advance(1)
     episodes = store.rows(inputs["episodes"])
-    mesh_names = sorted({s.name for s in specs.values() if s.loop_type == "talkmesh"})
-    plain_eps = [e for e in episodes if specs[e["harness_id"]].loop_type != "talkmesh"]
-    if mesh_names:
-        notes.append(f"talkmesh harness(es) {mesh_names}: left out of per-step branching and the log-odds check "
-                     "(their turns are separate agent messages, not one context an engine can replay or branch) "
-                     "and of the zero-advantage / harness-leakage analysis (their training batch is the talk "
-                     "policy's hints and revisions, grouped per task and kind, not the episodes).")
+    # the harnesses of an application's loop type whose episodes stay out of the engine tables
+    # (tasks.registries.applications: engine_tables), with the application's note and report section
+    apart = applications_apart(specs)
+    plain_eps = [e for e in episodes if enters_engine_tables(specs[e["harness_id"]].loop_type)]
+    for app, names in apart:
+        if app.analysis_note is not None:
+            notes.append(app.analysis_note(names))
     leakage = leakage_rows(plain_eps, cfg) if plain_eps else []
     notes += [f"{r['rule']}: {r['note']}" for r in leakage if r["note"]]
     labels = {e["eval_id"]: (e["checkpoint"], e["harness_name"]) for e in evals}
@@ -134,10 +135,10 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
     from tasks.analysis.steps import step_failures
 
     # P6: agent steps per solved / failed attempt and the failure modes (a single-reply harness has no turn
-    # limit; talkmesh turns are agents' messages, not steps: left out)
+    # limit; an application's loop type outside the engine tables, such as a mesh's agent messages: left out)
     tasks_rows = store.rows(inputs["tasks"])
     steps_fail = step_failures(
-        [e for e in evals if specs[e["harness_id"]].loop_type != "talkmesh"], eval_turns,
+        [e for e in evals if enters_engine_tables(specs[e["harness_id"]].loop_type)], eval_turns,
         {s.name: (None if s.loop_type == "single_turn" else s.max_turns) for s in specs.values()},
         {t["task_id"] for t in tasks_rows if t["environment"] == "answer"})
 
@@ -193,7 +194,7 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
               "mismatch": mismatch, "predictors": predictors, "leakage": leakage, "action_jsd": jsd,
               "step_failures": steps_fail}
     figures = _figures(store, tables)
-    with report_notes():  # one numbering of the table notes, the appended TalkMesh section included
+    with report_notes():  # one numbering of the table notes, the appended applications' sections included
         report = render_report(ReportInputs(
             run_name=cfg.name, config_hash=cfg.config_hash(), model=cfg.policy.model,
             plan_hash=evals[0]["plan_hash"] if evals else "", seal_head=evals[-1]["seal_hash"] if evals else "",
@@ -204,12 +205,9 @@ def _analyze(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, ArtifactRef
             figures=figures, notes=notes, suite_pass_rates=suites, stability=stability, kl_check=kl_rows,
             arms=[arm_spec(name, tc) for name, tc in cfg.arm_configs()], learning_curve=curve, step_failures=steps_fail,
             infra=infra_counts(store, online_arm_names(cfg))))
-        if mesh_names:
-            from tasks.analysis.report import talkmesh_section
-
-            report = report.rstrip("\n") + "\n\n" + talkmesh_section(
-                store.rows(inputs["talkmesh_head"], contract="talkmesh_head") if "talkmesh_head" in inputs else [],
-                evals, eval_turns, mesh_names)
+        for app, names in apart:
+            if app.report_section is not None:
+                report = report.rstrip("\n") + "\n\n" + app.report_section(store, inputs, evals, eval_turns, names)
     store.write_text(REPORT, report)
     advance(1)
 

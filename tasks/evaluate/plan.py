@@ -84,8 +84,8 @@ def build_plan(cfg: RunConfig, tasks: list[dict[str, Any]], records: list[dict[s
            if cfg.evaluate.max_infra_error_fraction is not None else {}),
         **({"suite_of": dict(sorted(suite_of.items()))} if suite_of else {}),
         "inputs": {k: v.sha256 for k, v in sorted(inputs.items())},
-        # harnesses of a plugged-in loop type run with the rollout stage's fitted state (talkmesh:
-        # the confidence head that scores its agents): sealed with its file
+        # harnesses of a plugged-in loop type run with the rollout stage's fitted state (e.g. a
+        # confidence head that scores its agents): sealed with its file
         **({"loop_states": states} if (states := {name: {"path": inputs[name].path, "sha256": inputs[name].sha256}
                                                    for name in state_artifacts() if name in inputs}) else {}),
     }

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tasks.evaluate.seal import SealError
@@ -197,3 +198,51 @@ def check_signature(store: "ArtifactStore", which: str, value: str, pem: bytes |
         pub.verify(sig, _CONTEXT[which] + value.encode("ascii"))
     except InvalidSignature:
         raise SealError(f"{which}: the signature does not verify with {key_file} ({fp[:23]}...)") from None
+
+
+@dataclass(frozen=True)
+class SealFiles:
+    """Where a sealed run keeps its commitment: the plan (``plan``, JSON), its hash (``plan_hash``,
+    text) and the signatures over the plan hash (``plan_sig``) and the chain head (``head_sig``).
+    The evaluate stage's are :data:`EVALUATE_SEAL`; an application sealing its own measurement
+    (:func:`register_signature` for its signature files) has its own, and the same functions commit,
+    sign and check both."""
+
+    plan: str
+    plan_hash: str
+    plan_sig: str
+    head_sig: str
+
+
+EVALUATE_SEAL = SealFiles("evaluate/plan.json", "evaluate/plan.sha256", PLAN_SIG, HEAD_SIG)
+
+
+def commit_plan(store: "ArtifactStore", files: SealFiles, plan: dict, key: "Ed25519PrivateKey", *,
+                resume_as: str | None = None) -> tuple[str, str | None]:
+    """Commit ``plan`` before the first sample: write it and its hash (:func:`tasks.evaluate.seal.plan_hash`)
+    and sign the hash. Returns ``(plan hash, the key's fingerprint)``.
+
+    ``resume_as``: a resumable run's name for messages; a folder that already commits this plan
+    keeps it (fingerprint None: nothing signed again), one that commits another is refused.
+
+    Raises:
+        ValueError: (``resume_as`` given) the folder commits another plan (names both hashes).
+    """
+    from tasks.evaluate.seal import plan_hash
+
+    ph = plan_hash(plan)
+    if resume_as is not None and store.exists(files.plan_hash):
+        old = store.read_bytes(files.plan_hash).decode("ascii").strip()
+        if old != ph:
+            raise ValueError(f"{resume_as}: {store.url}/{files.plan_hash} commits plan {old[:16]}..., this run's is "
+                             f"{ph[:16]}... (a sealed run is not re-planned: use a new run folder)")
+        return ph, None
+    store.write_json(files.plan, plan)
+    store.write_text(files.plan_hash, ph + "\n")
+    return ph, sign(store, files.plan_sig, ph, key)
+
+
+def sign_head(store: "ArtifactStore", files: SealFiles, head: str, key: "Ed25519PrivateKey") -> str:
+    """Sign the chain ``head`` (the last sealed row's ``seal_hash``, or the plan hash when there is
+    no row) after the last row is written; returns the key's fingerprint."""
+    return sign(store, files.head_sig, head, key)

@@ -24,11 +24,11 @@ from typing import Any, Callable
 
 from schemas import ArtifactRef, ArtifactStore
 from tasks.config import RunConfig
-from tasks.evaluate.seal import plan_hash, seal_rows
+from tasks.evaluate.seal import seal_rows
 from tasks.evaluate import witness
 from tasks.evaluate.plan import build_plan, evaluate_config_hash
 from tasks.evaluate.prereg import PREREG, PREREG_SIG, differences, read_preregistration
-from tasks.evaluate.signing import HEAD_SIG, PLAN_SIG, PUBLIC_KEY, load_or_create_key, sign
+from tasks.evaluate.signing import EVALUATE_SEAL, PUBLIC_KEY, commit_plan, load_or_create_key, sign_head
 from tasks.hashing import seed_from, sha256_dir
 from tasks.rollout.fanout import PolicySource
 from tasks.rollout.loop_plugins import plugin_of
@@ -36,9 +36,8 @@ from tasks.harnesses.frozen import harness_specs
 from tasks.rollout.runner import iter_records
 from tasks.records.split_guard import check_leakage
 
+PLAN = EVALUATE_SEAL.plan  # the committed plan's file
 log = logging.getLogger("harnessrl.evaluate")
-
-from tasks.evaluate.verify import PLAN, PLAN_HASH
 
 
 class _Ticker:
@@ -123,11 +122,8 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
         plan["preregistration"] = pre[1]
     else:
         log.warning("evaluate: no %s in this run (frozen without the freeze stage?): nothing to hold the plan to", PREREG)
-    ph = plan_hash(plan)
-    store.write_json(PLAN, plan)
-    store.write_text(PLAN_HASH, ph + "\n")
     signing_key = load_or_create_key()  # outside the run folder ($HARNESSRL_SIGNING_KEY)
-    fp = sign(store, PLAN_SIG, ph, signing_key)  # before the first attempt
+    ph, fp = commit_plan(store, EVALUATE_SEAL, plan, signing_key)  # plan, hash, signature: before the first attempt
     log.info("evaluation plan %s signed with Ed25519 key %s (public key: %s)", ph[:16], fp, PUBLIC_KEY)
     witness.record("plan", ph, ph, fp)  # the Prefect server's own record, with its timestamp
     log.info("evaluation plan %s committed: %d records x %d checkpoints x %d attempts, %d contrasts", ph[:16],
@@ -213,7 +209,7 @@ def run_evaluate(store: ArtifactStore, cfg: RunConfig, inputs: dict[str, Artifac
         ref = store.write("evaluate", "evaluations", sealed, inputs=list(inputs.values()), config_hash=ch,
                           extra={"plan_hash": ph})
         head = sealed[-1]["seal_hash"] if sealed else ph
-        sign(store, HEAD_SIG, head, signing_key)  # after the last attempt
+        sign_head(store, EVALUATE_SEAL, head, signing_key)  # after the last attempt
         log.info("evaluation chain head %s signed with %s", head[:16], fp)
         witness.record("head", ph, head, fp)
         # every turn of every attempt (episode_id = eval_id): what the analyses read (action

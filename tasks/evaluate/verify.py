@@ -41,11 +41,12 @@ from schemas import ArtifactError, ArtifactStore
 from schemas.machine import describe, light_facts, numpy_kernel
 from tasks.evaluate.seal import REL_TOL, SealError, VerifyReport, check_recomputed, floats_close, verify_chain
 from tasks.evaluate.prereg import check_preregistration
-from tasks.evaluate.signing import check_signatures
+from tasks.evaluate.signing import EVALUATE_SEAL, check_signatures
 from tasks.hashing import sha256_dir
+from tasks.rollout.loop_plugins import state_artifacts
 
-PLAN = "evaluate/plan.json"
-PLAN_HASH = "evaluate/plan.sha256"
+PLAN = EVALUATE_SEAL.plan
+PLAN_HASH = EVALUATE_SEAL.plan_hash
 EVALUATIONS = "evaluate/evaluations.parquet"
 STATS = ("eval_cells", "eval_contrasts")
 
@@ -102,9 +103,9 @@ def as_written(name: str, version: int | None, rows: list[dict[str, Any]]) -> li
     return [{k: r.get(k) for k in cols} for r in rows]
 
 
-# The tables each kind of run recomputes (their manifests say which machine wrote them)
+# The tables the pipeline's run recomputes (their manifests say which machine wrote them); an
+# application's run names its own (tasks.registries.applications: recompute_note)
 EVALUATE_TABLES = ("evaluate/eval_cells", "evaluate/eval_contrasts", "evaluate/eval_findings")
-TALKMESH_TABLES = ("talkmesh/talkmesh_findings", "talkmesh/talkmesh_curves")
 
 
 def recorded_machines(store: ArtifactStore, tables: tuple[str, ...]) -> list[dict[str, Any] | None]:
@@ -129,14 +130,15 @@ def kernels_differ(store: ArtifactStore, tables: tuple[str, ...] = EVALUATE_TABL
     return any(numpy_kernel(m) != here for m in recorded_machines(store, tables))
 
 
-def recompute_note(store: ArtifactStore, talkmesh: bool = False) -> str | None:
+def recompute_note(store: ArtifactStore, tables: tuple[str, ...] = EVALUATE_TABLES, exact: str | None = None
+                   ) -> str | None:
     """One line for ``harnessrl verify`` when it recomputes on another machine than the one that
     wrote the statistics (see the module docstring), naming both and what is then checked exactly
     and what within tolerance; None when the kernels are the same.
 
-    ``talkmesh``: the run is a ``harnessrl talkmesh`` run (its tables have no kernel-dependent
-    value: every one is still compared exactly)."""
-    tables = TALKMESH_TABLES if talkmesh else EVALUATE_TABLES
+    ``tables``: the recomputed tables (``"<stage>/<name>"``); ``exact``: for an application's run
+    whose tables have no kernel-dependent value, the clause saying so (every value is then still
+    compared exactly); None: the pipeline's evaluation."""
     if not kernels_differ(store, tables):
         return None
     here = numpy_kernel(light_facts())
@@ -144,9 +146,8 @@ def recompute_note(store: ArtifactStore, talkmesh: bool = False) -> str | None:
     was = describe(known) if known else "an unrecorded machine (manifests written before machines were recorded)"
     head = (f"recorded on {was}, recomputing on {describe(light_facts())}: recomputed statistics may differ in the "
             "last bits; sealed hashes are checked as bytes")
-    if talkmesh:
-        return head + ("; talkmesh_findings and talkmesh_curves use no BLAS or libm (float64 sums, sorts, seeded "
-                       "draws) and are still compared exactly")
+    if exact is not None:
+        return f"{head}; {exact}"
     return head + (", and so are the exports; eval_cells, eval_contrasts and eval_findings are compared value for "
                    f"value, except eval_contrasts' mdd (libm log) and a p1_predictor_gap finding's estimate and "
                    f"interval (a BLAS dot), compared to {REL_TOL:g} relative, its verdict by the rule on the recorded "
@@ -248,7 +249,7 @@ def _verify_exports(store: ArtifactStore, plan: dict[str, Any], rows: list[dict[
 
 def verify_run(store: ArtifactStore, public_key: bytes | None = None) -> VerifyReport:
     """Recompute the sealed evaluation of a run from its files: the plan hash, the checkpoint
-    files, the loop-type states (the talkmesh confidence head) the plan names, the hash chain, the Ed25519
+    files, the loop-type states (an application's fitted state) the plan names, the hash chain, the Ed25519
     signatures over the plan hash and the chain head (:func:`tasks.evaluate.signing.check_signatures`;
     ``public_key``: the expected public key, PEM, which the run's must equal; None: the run's own),
     the statistics tables (exactly, or within tolerance for the few kernel-dependent values when
@@ -270,11 +271,13 @@ def verify_run(store: ArtifactStore, public_key: bytes | None = None) -> VerifyR
     report = verify_chain(plan, committed, rows, checkpoint_sha=ck_sha)
     fp = check_signatures(store, report.plan_hash, report.head, public_key)
     check_preregistration(store, plan)
-    # the fitted states a plugged-in loop type's attempts ran with (talkmesh: the confidence head
-    # that scored its agents); plans sealed before "loop_states" name the talkmesh head at top level
+    # the fitted states a plugged-in loop type's attempts ran with (e.g. a confidence head that
+    # scored its agents); plans sealed before "loop_states" name such a state at top level, beside
+    # the plan's own keys: each registered plugin's state artifact is looked up there too
     states = dict(plan.get("loop_states") or {})
-    if "talkmesh_head" in plan:
-        states["talkmesh_head"] = plan["talkmesh_head"]
+    for name in state_artifacts():
+        if name in plan:
+            states[name] = plan[name]
     for name, state in sorted(states.items()):
         now = hashlib.sha256(store.read_bytes(state["path"])).hexdigest()
         if now != state["sha256"]:

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.harnesses.tools import IMPLS
 from tasks.hashing import canonical_json, sha256_json
@@ -27,7 +27,9 @@ from tasks.yamlfile import describe, load_mapping
 SPEC_DIR = Path(__file__).parent / "specs"
 ENVIRONMENTS = ("answer", "workspace", "browser")
 ActionFormat = Literal["final_answer", "function_call", "xml_tags", "fenced_code", "whole_file", "search_replace"]
-LoopType = Literal["single_turn", "react", "codeact", "reflect_on_test_failure", "talkmesh"]
+# the loop types the harness engine (tasks.rollout.harness) runs; an application registers any other
+# (tasks.registries.applications), with the harness-spec section it needs
+ENGINE_LOOP_TYPES = ("single_turn", "react", "codeact", "reflect_on_test_failure")
 
 # Variables each template may use.
 TEMPLATE_VARS: dict[str, set[str]] = {
@@ -204,50 +206,6 @@ class LimitsSpec(_Strict):
     episode_wall_s: float | None = Field(default=None, gt=0)
 
 
-class MeshHeadSpec(_Strict):
-    """The TalkMesh confidence head (:func:`tasks.talkmesh.calibration.fit_head`): ``l2`` penalty,
-    L-BFGS ``steps``, ECE ``bins`` of its calibration table, ``batch_size`` texts per hidden-state
-    forward pass."""
-
-    l2: float = Field(default=1e-2, ge=0)
-    steps: int = Field(default=100, ge=1)
-    bins: int = Field(default=10, ge=1, le=100)
-    batch_size: int = Field(default=16, ge=1)
-
-
-class MeshSpec(_Strict):
-    """The ``mesh`` block of a ``talkmesh`` harness (P3: docs/methods/p3-talkmesh.md; :mod:`tasks.talkmesh.mesh`).
-
-    ``agents`` N (2..256) share the policy; ``topology`` full | ring | regular (random
-    ``degree``-regular); ``rounds`` of hint + revision (0..16); agents with a confidence below
-    ``threshold`` (in [0, 1]) revise. ``head_samples``: base-policy proposals per train task that
-    the rollout stage grades and fits the confidence head on. ``talk_sampling``: sampler of hints
-    and revisions (proposals use the harness's ``sampling``). ``max_solution_chars``: a solution
-    quoted in a hint or revision prompt is cut to this many characters.
-    """
-
-    agents: int = Field(ge=2, le=256)
-    topology: Literal["full", "ring", "regular"] = "full"
-    degree: int = Field(default=2, ge=1)
-    rounds: int = Field(default=1, ge=0, le=16)
-    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
-    head_samples: int = Field(default=4, ge=1, le=256)
-    head: MeshHeadSpec = Field(default_factory=MeshHeadSpec)
-    talk_sampling: SamplingSpec = Field(default_factory=lambda: SamplingSpec(temperature=0.7, max_new_tokens=128))
-    max_solution_chars: int = Field(default=600, ge=50)
-
-    @model_validator(mode="after")
-    def _check(self) -> "MeshSpec":
-        if self.topology == "regular":
-            from tasks.harnesses.topology import build_topology
-
-            try:
-                build_topology("regular", self.agents, self.degree, 0)
-            except ValueError as e:
-                raise ValueError(f"mesh.degree={self.degree} with mesh.agents={self.agents}: {e}") from None
-        return self
-
-
 class HarnessSpec(_Strict):
     """One harness.
 
@@ -260,11 +218,11 @@ class HarnessSpec(_Strict):
     ``search_replace`` (a path line followed by ``<<<<<<< SEARCH`` / ``=======`` / ``>>>>>>>
     REPLACE`` blocks). ``loop_type``: ``single_turn``, ``react`` (act, observe, repeat),
     ``codeact`` (react whose actions are code; a reply without code ends the episode),
-    ``reflect_on_test_failure`` (edit, run ``reflect.command``, feed failures back), ``talkmesh``
-    (not run by the engine: an episode is one TalkMesh run of ``mesh.agents`` agents on the task,
-    :mod:`tasks.talkmesh.episodes`; needs the ``mesh`` block, ``environments: [answer]`` and
-    ``action_format: final_answer``). ``mesh`` is left out of the hashed JSON when absent, so
-    adding the field changed no existing ``harness_id``.
+    ``reflect_on_test_failure`` (edit, run ``reflect.command``, feed failures back), or a loop type
+    an application registers (:mod:`tasks.registries.applications`): the engine does not run it,
+    and its spec carries the application's section (``harness_block``) under that key, validated by
+    the application's model and ``check_harness``, an attribute of the spec like a field. A section
+    is in the hashed JSON only when present, so adding one changed no existing ``harness_id``.
 
     ``skill`` (P2, BiPA): a natural-language procedure. ``skill_placement``: ``system_prompt``
     appends it to the system prompt as a "## Skill" section (in every turn's context: read at turn
@@ -287,7 +245,7 @@ class HarnessSpec(_Strict):
     reflect_template: str = "The tests failed:\n{output}\nFix the code. ({turns_left} turns left)"
     tools: list[ToolSpec] = Field(default_factory=list)
     action_format: ActionFormat
-    loop_type: LoopType
+    loop_type: str
     max_turns: int = Field(default=1, ge=1, le=1000)
     stop: StopSpec = Field(default_factory=StopSpec)
     context: ContextSpec = Field(default_factory=ContextSpec)
@@ -297,26 +255,24 @@ class HarnessSpec(_Strict):
     skill: str | None = None
     skill_placement: Literal["system_prompt", "file"] = "system_prompt"
     skill_path: str = Field(default="SKILL.md", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
-    mesh: MeshSpec | None = None
     demonstrations: list[Demonstration] = Field(default_factory=list)
+    # an application's section (its harness_block) is kept as an extra attribute; any other
+    # unknown key is refused by _check_application below
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @field_validator("loop_type")
+    @classmethod
+    def _known_loop_type(cls, v: str) -> str:
+        from tasks.registries.applications import loop_types
+
+        known = ENGINE_LOOP_TYPES + loop_types()
+        if v not in known:
+            raise ValueError(f"Input should be {', '.join(repr(k) for k in known[:-1])} or {known[-1]!r}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "HarnessSpec":
-        if self.loop_type == "talkmesh":
-            if self.mesh is None:
-                raise ValueError("loop_type talkmesh needs a mesh: {agents: ...} section")
-            if self.environments != ["answer"]:
-                raise ValueError(f"loop_type talkmesh needs environments: [answer], not {self.environments}")
-            if self.action_format != "final_answer":
-                raise ValueError(f"loop_type talkmesh needs action_format final_answer, not {self.action_format}")
-            if self.skill is not None:
-                raise ValueError("skill: loop_type talkmesh takes no skill (its agents' prompts use system_prompt as "
-                                 "written)")
-            if self.demonstrations:
-                raise ValueError("demonstrations: loop_type talkmesh takes none (its agents' prompts are built by "
-                                 "tasks.talkmesh.talk, which does not show them)")
-        elif self.mesh is not None:
-            raise ValueError(f"mesh: a mesh section is only for loop_type talkmesh, not loop_type {self.loop_type}")
+        self._check_application()
         if self.skill_placement == "file":
             if not self.skill:
                 raise ValueError("skill_placement file needs a skill to write")
@@ -370,6 +326,36 @@ class HarnessSpec(_Strict):
         self._check_demonstrations()
         return self
 
+    def _check_application(self) -> None:
+        """Extra keys: only the section of the application whose loop type this spec has, validated
+        by its model (then held as that model) and by its ``check_harness``."""
+        from tasks.registries.applications import of_harness_block, of_loop_type
+
+        extra = self.__pydantic_extra__ or {}
+        for key in extra:
+            owner = of_harness_block(key)
+            if owner is None:
+                raise ValueError(f"{key}: Extra inputs are not permitted (not a key of a harness spec)")
+            if owner.loop_type != self.loop_type:
+                raise ValueError(f"{key}: a {key} section is only for loop_type {owner.loop_type}, not loop_type "
+                                 f"{self.loop_type}")
+        app = of_loop_type(self.loop_type)
+        if app is None:
+            return
+        if app.harness_block:
+            if app.harness_block not in extra:
+                raise ValueError(f"loop_type {self.loop_type} needs a {app.harness_block}: {{...}} section")
+            block = extra[app.harness_block]
+            if app.harness_block_model is not None and not isinstance(block, app.harness_block_model):
+                try:
+                    extra[app.harness_block] = app.harness_block_model.model_validate(block)
+                except ValidationError as e:
+                    raise ValueError("; ".join(
+                        f"{'.'.join(str(x) for x in (app.harness_block, *err['loc']))}={err.get('input')!r}: "
+                        f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())) from None
+        if app.check_harness is not None:
+            app.check_harness(self)
+
     def _check_demonstrations(self) -> None:
         """Every demonstration follows the spec's own protocol (see :class:`Demonstration`)."""
         if not self.demonstrations:
@@ -398,13 +384,11 @@ class HarnessSpec(_Strict):
         return [{"role": m.role, "content": m.content} for d in self.demonstrations for m in d.messages]
 
     def spec_dict(self) -> dict[str, Any]:
-        """The spec as JSON-able data: every field, but ``mesh`` and ``demonstrations`` only when
-        set, ``skill_placement``/``skill_path`` only when not both at their defaults and
+        """The spec as JSON-able data: every field, an application's section and ``demonstrations``
+        only when set, ``skill_placement``/``skill_path`` only when not both at their defaults and
         ``stop.multiple_answers`` only when not ``first`` (specs without them hash and serialise as
         before the fields existed; demonstrations are part of the hash)."""
         d = self.model_dump(mode="json")
-        if d.get("mesh") is None:
-            d.pop("mesh", None)
         if d.get("skill_placement") == "system_prompt" and d.get("skill_path") == "SKILL.md":
             d.pop("skill_placement", None)
             d.pop("skill_path", None)

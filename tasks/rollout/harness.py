@@ -31,19 +31,15 @@ from typing import Any, Callable, Protocol
 from schemas.faults import fault_point
 from tasks.config import SandboxConfig
 from tasks.harnesses.actions import ParsedReply, fallback_answer, last_code_block, parse_reply
-from tasks.harnesses.spec import HarnessSpec, SamplingSpec, render
+from tasks.harnesses.spec import ENGINE_LOOP_TYPES, HarnessSpec, SamplingSpec, render
 from tasks.environments.errors import BrowserError, SandboxError, SandboxPathError
 from tasks.environments.sandbox import Sandbox, make_sandbox
 from tasks.harnesses.tools import IMPLS, ToolOutput
 from tasks.hashing import canonical_json, seed_from, sha256_text
 from tasks.progress import on_requests_done
 from tasks.records.verifiers import VerifierError, grade
-from tasks.rollout.loop_plugins import ENTRY_POINT_GROUP
 from tasks.rollout.generation import ChatFormat, Generation
 from tasks.rollout.turns import first_turn, next_turn
-
-# the loop types this engine runs; any other (talkmesh) is run by a plugin (tasks.rollout.loop_plugins)
-ENGINE_LOOP_TYPES = ("single_turn", "react", "codeact", "reflect_on_test_failure")
 
 log = logging.getLogger("harnessrl.harness")
 
@@ -400,13 +396,13 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
     Raises:
         ValueError: a turn's prompt does not extend the previous turn's prompt + completion
             exactly (token accounting drift); the episode would be unusable for training; a
-            spec of a loop type the engine does not run (``talkmesh``: a plugin runs it,
+            spec of a loop type the engine does not run (an application's plugin runs it,
             :mod:`tasks.rollout.loop_plugins`).
     """
     if spec.loop_type not in ENGINE_LOOP_TYPES:
         raise ValueError(f"harness {spec.name!r}: loop_type {spec.loop_type} is not run by the harness engine but by a "
-                         f"plugin (entry-point group {ENTRY_POINT_GROUP!r}, via tasks.rollout.runner.run_records); none is "
-                         "installed for it here: reinstall the package (pip install -e .) so its entry points are found")
+                         f"plugin (an application's, tasks.registries.applications, via tasks.rollout.runner.run_records); "
+                         "run it through tasks.rollout.runner.run_records")
     tok = policy.tokenizer
     chat = ChatFormat(tok)
     extra = {spec.skill_path: spec.skill} if spec.skill and spec.skill_placement == "file" else None

@@ -1,22 +1,18 @@
 """Loop types that an application runs instead of the harness engine, behind one interface.
 
 The cores (rollout, train, evaluate) run every harness spec whose ``loop_type`` is the engine's
-own (``single_turn``, ``react``, ...) through :mod:`tasks.rollout.harness`. A loop type such as
-``talkmesh`` (several agents exchanging messages, :mod:`tasks.talkmesh`) is an application: it
-plugs in here with a :class:`LoopPlugin` and the cores call it through this module, never by
-importing the application.
+own (``single_turn``, ``react``, ...) through :mod:`tasks.rollout.harness`. Any other loop type
+is an application's: it plugs in here with a :class:`LoopPlugin` and the cores call it through
+this module, never by importing the application.
 
-Plugins are found through the ``harnessrl.loop_types`` entry-point group (``pyproject.toml``:
-``talkmesh = "tasks.talkmesh.plugin:PLUGIN"``), loaded on the first lookup, or registered in
-code with :func:`register_loop_plugin` (tests, notebooks).
+Plugins are the ``loop_plugin`` of the registered applications
+(:mod:`tasks.registries.applications`), loaded on the first lookup, or registered in code with
+:func:`register_loop_plugin` (tests, notebooks).
 """
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from typing import Any, Protocol
-
-ENTRY_POINT_GROUP = "harnessrl.loop_types"
 
 
 class LoopPlugin(Protocol):
@@ -73,20 +69,24 @@ def register_loop_plugin(plugin: LoopPlugin) -> LoopPlugin:
     return plugin
 
 
-def _load_entry_points() -> None:
+def _load_applications() -> None:
+    """Register the loop plugin of every application that has one (once; one registered in code
+    first keeps its place)."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
-            register_loop_plugin(ep.load())
+    from tasks.registries.applications import applications
+
+    for app in applications():
+        if app.loop_plugin is not None and app.loop_type not in _REGISTRY:
+            register_loop_plugin(app.loop_plugin())
 
 
 def loop_plugin(loop_type: str) -> LoopPlugin | None:
     """The plugin that runs ``loop_type``, or None when the harness engine runs it itself."""
     if loop_type not in _REGISTRY:
-        _load_entry_points()
+        _load_applications()
     return _REGISTRY.get(loop_type)
 
 
@@ -96,8 +96,8 @@ def plugin_of(spec: Any) -> LoopPlugin | None:
 
 
 def plugins() -> list[LoopPlugin]:
-    """Every registered plugin (entry points loaded), by loop type."""
-    _load_entry_points()
+    """Every registered plugin (the applications' loaded), by loop type."""
+    _load_applications()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 

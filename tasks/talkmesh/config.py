@@ -135,7 +135,7 @@ class TalkMeshConfig(LaterOptions):
         if bad:
             raise ValueError(f"talkmesh.colluders={self.colluders}: each m must be in [1, agents-1={self.agents - 1}]")
         if self.topology == "regular":
-            from tasks.harnesses.topology import build_topology
+            from tasks.talkmesh.topology import build_topology
 
             build_topology("regular", self.agents, self.degree, 0)  # raises on an impossible degree
         sizes = self.sizes()

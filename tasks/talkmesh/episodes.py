@@ -1,7 +1,7 @@
 """TalkMesh as a harness family of the pipeline (P3: docs/methods/p3-talkmesh.md): episodes, the confidence head as a
 rollout artifact, and the talk policy's training sequences.
 
-A harness with ``loop_type: talkmesh`` (:class:`tasks.harnesses.spec.MeshSpec`) is not run by the
+A harness with ``loop_type: talkmesh`` (:class:`tasks.talkmesh.harness_block.MeshSpec`) is not run by the
 harness engine. Its pieces are those of the ``harnessrl talkmesh`` command, reused as they are:
 :func:`tasks.talkmesh.mesh.run_mesh`, :class:`tasks.talkmesh.calibration.HiddenStates` /
 :func:`~tasks.talkmesh.calibration.fit_head`, :class:`tasks.talkmesh.talk.LMTalk` and

@@ -1,6 +1,6 @@
 """TalkMesh as a loop type of the pipeline (``loop_type: talkmesh``): the
 :class:`tasks.rollout.loop_plugins.LoopPlugin` the cores call, registered through the
-``harnessrl.loop_types`` entry point. The work is in :mod:`tasks.talkmesh.episodes`."""
+application registry (:mod:`tasks.talkmesh.application`). The work is in :mod:`tasks.talkmesh.episodes`."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from tasks.evaluate.seal import SealError, VerifyReport, check_links, check_recomputed, plan_hash, seal_rows
-from tasks.evaluate.signing import register_signature
+from tasks.evaluate.signing import SealFiles, register_signature
 from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers talkmesh_sealed)
 
 PLAN = "talkmesh/plan.json"
@@ -45,6 +45,8 @@ PLAN_SIG = "talkmesh/plan.sig"
 HEAD_SIG = "talkmesh/head.sig"
 PLAN_HASH = "talkmesh/plan.sha256"
 SEALED = "talkmesh/talkmesh_sealed.parquet"
+# the evaluate stage's commitment (tasks.evaluate.signing.commit_plan / sign_head), in the run's talkmesh/
+TALKMESH_SEAL = SealFiles(PLAN, PLAN_HASH, PLAN_SIG, HEAD_SIG)
 ADAPTER = "talkmesh/talk_adapter"
 register_signature(PLAN_SIG, b"harnessrl-talkmesh-plan:", PUBLIC_KEY)
 register_signature(HEAD_SIG, b"harnessrl-talkmesh-head:", PUBLIC_KEY)
@@ -99,19 +101,10 @@ def commit_plan(store: Any, plan: dict[str, Any]) -> tuple[str, Any]:
     Raises:
         ValueError: the folder holds another committed plan (names both hashes).
     """
-    from tasks.evaluate.signing import load_or_create_key, sign
+    from tasks.evaluate.signing import commit_plan as commit, load_or_create_key
 
-    ph = plan_hash(plan)
     key = load_or_create_key()
-    if store.exists(PLAN_HASH):
-        old = store.read_bytes(PLAN_HASH).decode("ascii").strip()
-        if old != ph:
-            raise ValueError(f"talkmesh: {store.url}/{PLAN_HASH} commits plan {old[:16]}..., this run's is "
-                             f"{ph[:16]}... (a sealed run is not re-planned: use a new run folder)")
-        return ph, key
-    store.write_json(PLAN, plan)
-    store.write_text(PLAN_HASH, ph + "\n")
-    sign(store, PLAN_SIG, ph, key)
+    ph, _ = commit(store, TALKMESH_SEAL, plan, key, resume_as="talkmesh")
     return ph, key
 
 
@@ -147,9 +140,9 @@ def sealed_rows(p_hash: str, test_problems: Sequence[str], proposals: Sequence[S
 
 def sign_head(store: Any, rows: list[dict[str, Any]], p_hash: str, key: Any) -> str:
     """Sign the chain head (``talkmesh/head.sig``); returns the key's fingerprint."""
-    from tasks.evaluate.signing import sign
+    from tasks.evaluate.signing import sign_head as sign
 
-    return sign(store, HEAD_SIG, rows[-1]["seal_hash"] if rows else p_hash, key)
+    return sign(store, TALKMESH_SEAL, rows[-1]["seal_hash"] if rows else p_hash, key)
 
 
 def _expected_keys(plan: dict[str, Any]) -> list[tuple]:
@@ -249,7 +242,7 @@ def verify_talkmesh(store: Any, public_key: bytes | None = None) -> VerifyReport
     if ph != committed:
         raise SealError(f"{PLAN}: hash {ph[:16]}... != committed {committed[:16]}... (the plan was edited)")
     head = check_links(rows, ph, lambda r: f"{r.get('kind')} {r.get('condition') or ''} {r.get('problem_id')}")
-    fp = check_signatures(store, ph, head, public_key, sigs=(PLAN_SIG, HEAD_SIG))
+    fp = check_signatures(store, ph, head, public_key, sigs=(TALKMESH_SEAL.plan_sig, TALKMESH_SEAL.head_sig))
     want = _expected_keys(plan)
     for i, (row, key) in enumerate(zip(rows, want)):
         have = (row.get("kind"), row.get("condition"), row.get("repeat"), row.get("problem_id"), row.get("sample"))

@@ -2,7 +2,8 @@
 split into column groups that repeat the row labels, and nothing is lost."""
 
 from tasks.analysis.report import (LONG_CELL, TABLE_BUDGET_PX, ReportInputs, _col_px, _table, inline_figures,
-                                   render_report, talkmesh_section)
+                                   render_report)
+from tasks.talkmesh.pipeline_report import talkmesh_section
 
 
 def test_long_cells_become_numbered_notes_and_repeat_once():

@@ -62,13 +62,13 @@ def test_tiny_bipa_run(tiny_model_dir, prefect_harness, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
     import tasks.rollout.engines as engines
-    from flows.bipa import bipa_flow
+    from flows.application import application_flow
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     pol = ScriptedPolicy(tok)
     monkeypatch.setattr(engines, "load_policy", lambda cfg, adapter_dir=None: pol)
     cfg = _cfg(tiny_model_dir)
-    out = bipa_flow(cfg, str(tmp_path))
+    out = application_flow("bipa")(cfg, str(tmp_path))
     store = ArtifactStore(tmp_path)
     cands = store.rows(out["bipa"]["bipa_candidates"])
     seed_skill = cands[0]["skill"]

@@ -192,15 +192,18 @@ def test_a_p1_interval_end_at_the_margin_may_change_its_verdict_on_another_machi
 
 def test_the_note_for_a_talkmesh_run_says_its_tables_stay_exact(tmp_path):
     from schemas import ArtifactStore
-    from tasks.evaluate.verify import TALKMESH_TABLES, recompute_note
+    from tasks.registries.applications import application
+    from tasks.talkmesh.publish import TALKMESH_TABLES
+
+    recompute_note = application("talkmesh").recompute_note  # harnessrl verify reaches it through the registry
 
     store = ArtifactStore(tmp_path)
-    assert recompute_note(store, talkmesh=True) is None  # nothing recorded, nothing recomputed
+    assert recompute_note(store) is None  # nothing recorded, nothing recomputed
     for t in TALKMESH_TABLES:
         store.write_json(f"{t}.manifest.json", {"sha256": "0" * 64, "machine": light_facts()})
-    assert recompute_note(store, talkmesh=True) is None  # this machine wrote them
+    assert recompute_note(store) is None  # this machine wrote them
     store.write_json(f"{TALKMESH_TABLES[1]}.manifest.json", {"sha256": "0" * 64, "machine": _intel()})
-    note = recompute_note(store, talkmesh=True)
+    note = recompute_note(store)
     assert note == (f"recorded on {describe(_intel())}, recomputing on {describe(light_facts())}: recomputed "
                     "statistics may differ in the last bits; sealed hashes are checked as bytes; talkmesh_findings "
                     "and talkmesh_curves use no BLAS or libm (float64 sums, sorts, seeded draws) and are still "

@@ -61,7 +61,7 @@ BURST = """
 import sys
 from pathlib import Path
 
-from flows.cli import _settled_server, prepare_environment
+from flows.process_setup import prepare_environment, settled_server
 
 prepare_environment(Path(sys.argv[1]))  # as the CLI does, before Prefect is imported
 from prefect import flow, task, get_run_logger
@@ -78,7 +78,7 @@ def burst():
     return sum(step(i) for i in range(150))
 
 
-with _settled_server():
+with settled_server():
     print("sum", burst())
 """
 

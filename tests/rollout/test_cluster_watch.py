@@ -81,9 +81,9 @@ def test_a_worker_count_that_cannot_be_read_never_fails_the_wait(monkeypatch):
 def test_the_cli_drops_the_traceback_of_a_no_workers_failure_and_keeps_others():
     import logging
 
-    from flows.cli import _NoTraceback
+    from flows.process_setup import NoTraceback
 
-    f = _NoTraceback((NoWorkersError,))
+    f = NoTraceback((NoWorkersError,))
 
     def record(exc):
         try:

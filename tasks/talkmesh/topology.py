@@ -1,8 +1,8 @@
 """The communication graph of a mesh harness (a ``talkmesh`` loop's ``mesh`` block): who hears whom.
 
-Kept with the harness specs, not in the TalkMesh application, because a spec's validation builds
-the graph once to refuse an impossible ``degree`` (:class:`tasks.harnesses.spec.MeshSpec`); the
-protocol (:mod:`tasks.talkmesh.mesh`) builds it for every problem.
+The ``mesh`` section's validation builds the graph once to refuse an impossible ``degree``
+(:class:`tasks.talkmesh.harness_block.MeshSpec`, registered with the TalkMesh application); the
+mesh (:mod:`tasks.talkmesh.mesh`) builds it for every problem.
 """
 
 from __future__ import annotations
