@@ -82,7 +82,7 @@ def verify_command(run_dir: Path, public_key: Path | None, witness: bool, findin
                 raise CommandError(f"--witness: no Prefect API answers ({type(e).__name__}: {e})", 2) from None
             say(f"witnessed by the Prefect API: plan at {seen['plan']}, head at {seen['head']}")
         if findings_file is not None:
-            from flows.findings import check_published
+            from flows.published_findings import check_published
 
             got = check_published(store, findings_file, run_dir.resolve().name.rsplit("-", 1)[-1],
                                   plan_hash=rep.plan_hash, fingerprint=rep.fingerprint)
@@ -156,15 +156,15 @@ def application_findings(app: Any, cfg: Any, config: Path, run_dir: Path | None,
 def pipeline_findings(cfg: Any, config_name: str, run_dir: Path | None, quick: bool, append: Path | None,
                       say: Say) -> None:
     """``harnessrl findings`` for a pipeline run: verify it, print its findings rows
-    (:func:`flows.findings.finding_rows`); with ``append`` add them (and the arms' rows) to that
+    (:func:`flows.published_findings.finding_rows`); with ``append`` add them (and the arms' rows) to that
     file and copy the run's figures to docs/img/findings/.
 
     Raises:
         CommandError: 2: no such run, another config's run, its plan names no findings; 1: it does
             not verify, or a stage has more infra errors than the findings threshold.
     """
-    from flows.findings import (ARMS_FILE, P1_CORRELATIONS_FILE, arm_rows, copy_figures, finding_rows,
-                                p1_correlation_rows)
+    from flows.published_findings import (ARMS_FILE, P1_CORRELATIONS_FILE, arm_rows, copy_figures, finding_rows,
+                                          p1_correlation_rows)
     from schemas import ArtifactStore
     from tasks.analysis.infra import InfraThresholdError
     from tasks.evaluate.p1_correlations import markdown_table

@@ -28,7 +28,7 @@ ALLOWED: set[tuple[str, str, str]] = {
 
 
 def package_of(module: str) -> str:
-    """``tasks.rollout.sandbox.bwrap`` -> ``tasks.rollout``; ``tasks.hashing`` -> ``tasks.hashing``;
+    """``tasks.environments.sandbox.bwrap`` -> ``tasks.environments``; ``tasks.hashing`` -> ``tasks.hashing``;
     ``flows.cli`` -> ``flows``."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "tasks" and len(parts) > 1 else parts[0]
@@ -113,5 +113,5 @@ def test_the_check_catches_each_form():
         ("tasks.analysis.ceiling", "tasks.progress", "_log"),
         ("tasks.analysis.ceiling", "tasks.rollout._hidden", "_hidden"),
     ]
-    assert package_of("tasks.rollout.sandbox.bwrap") == "tasks.rollout" and package_of("tasks.hashing") == \
+    assert package_of("tasks.environments.sandbox.bwrap") == "tasks.environments" and package_of("tasks.hashing") == \
         "tasks.hashing" and package_of("benchmarks.learning") == "benchmarks"

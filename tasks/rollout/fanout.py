@@ -260,11 +260,11 @@ def run_shard(inp: ShardInput, policy: Any, on_turns: Callable[[int], None] | No
     1 and 2 threads); Dask's workers start with ``OMP_NUM_THREADS=1``.
 
     Raises:
-        tasks.rollout.sandbox.limits.HostLimitError: the hard RLIMIT_NOFILE of this process
+        tasks.environments.sandbox.limits.HostLimitError: the hard RLIMIT_NOFILE of this process
             cannot hold the shard's sandboxes (checked before the policy loads).
     """
     from tasks.rollout.harness import run_episodes
-    from tasks.rollout.sandbox.limits import ensure_descriptors, episode_sandboxes
+    from tasks.environments.sandbox.limits import ensure_descriptors, episode_sandboxes
 
     # the shard's sandboxes are all open at once (a dask/ray worker process has not been checked)
     ensure_descriptors(episode_sandboxes(inp.spec, [inp.tasks[r["task_id"]] for r in inp.records], inp.shard.samples),

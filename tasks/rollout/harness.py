@@ -32,14 +32,13 @@ from schemas.faults import fault_point
 from tasks.config import SandboxConfig
 from tasks.harnesses.actions import ParsedReply, fallback_answer, last_code_block, parse_reply
 from tasks.harnesses.spec import ENGINE_LOOP_TYPES, HarnessSpec, SamplingSpec, render
+from tasks.environments.errors import BrowserError, SandboxError, SandboxPathError
+from tasks.environments.sandbox import Sandbox, make_sandbox
 from tasks.harnesses.tools import IMPLS, ToolOutput
 from tasks.hashing import canonical_json, seed_from, sha256_text
 from tasks.progress import on_requests_done
 from tasks.records.verifiers import VerifierError, grade
-from tasks.rollout.browser import BrowserError
-from tasks.rollout.policy import ChatFormat, Generation
-from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
-from tasks.harnesses.sandbox_errors import SandboxPathError
+from tasks.rollout.generation import ChatFormat, Generation
 from tasks.rollout.turns import first_turn, next_turn
 
 log = logging.getLogger("harnessrl.harness")
@@ -125,8 +124,10 @@ class EpisodeEnv:
 
     def browser_session(self) -> Any:
         if self._browser is None:
-            from tasks.rollout.browser import open_browser
+            from tasks.environments.browser import open_browser
+            from tasks.records.suites.base import import_suite_modules
 
+            import_suite_modules()  # each suite registers its browser
             self._browser = open_browser(self.task, self.seed)
         return self._browser
 

@@ -217,7 +217,7 @@ def test_the_findings_command_prints_and_writes_the_table_of_a_p1_run(tmp_path):
     from typer.testing import CliRunner
 
     from flows.cli import app
-    from flows.findings import P1_CORRELATIONS_FILE
+    from flows.published_findings import P1_CORRELATIONS_FILE
     from tasks.config import RunConfig
     from tasks.evaluate.scripted import ScriptedRunner
     from tasks.evaluate.stage import run_evaluate

@@ -12,7 +12,7 @@ from tasks.harnesses.spec import SamplingSpec, load_harness
 from tasks.progress import eta, on_requests_done, requests_done
 from tasks.records.freeze import freeze_tables
 from tasks.rollout.harness import EpisodeJob, run_episodes
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 from tests.rollout.test_engines_vllm import eos_prone_model
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from tasks.config import PolicyConfig
 from tasks.harnesses.spec import SamplingSpec
 from tasks.hashing import sha256_dir
-from tasks.rollout.policy import Generation, trim_completion
+from tasks.rollout.generation import Generation, trim_completion
 
 
 #: new-token positions each KV-cache layer reserves at first (tasks/rollout/kv_cache.py doubles it)
