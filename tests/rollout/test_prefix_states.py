@@ -33,7 +33,7 @@ def _prefill_widths(policy) -> tuple[list[int], object]:
 
 def _turn1(policy, gens0, prompts0):
     """Turn-1 prompts as the harness builds them: prompt + completion (+ EOS if cut) + observation."""
-    from tasks.rollout.policy import ChatFormat
+    from tasks.rollout.generation import ChatFormat
 
     chat = ChatFormat(policy.tokenizer)
     return [p + g.token_ids + chat.continuation(g.token_ids, f"Output: {i * 7}\n(2 turns left)")
