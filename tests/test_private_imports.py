@@ -20,11 +20,7 @@ OURS = ("tasks", "schemas", "flows", "benchmarks", "scripts")
 
 # (importer, module, name) allowed, each with its reason. An entry that no longer matches fails the
 # test below, so the list only shrinks.
-ALLOWED: set[tuple[str, str, str]] = {
-    # the online sampler of the train stage is being rewritten (issue 54 leaves tasks/train/stage.py
-    # alone); the benchmark drives it directly until it has a public home
-    ("benchmarks.learning", "tasks.train.stage", "_online_sampler"),
-}
+ALLOWED: set[tuple[str, str, str]] = set()
 
 
 def package_of(module: str) -> str:
