@@ -185,7 +185,7 @@ def side_ours(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: 
     from tasks.rollout.engines import engine_class
     from tasks.rollout.models import model_id, resolve_model
     from tasks.train.loops import train_online
-    from tasks.train.stage import _online_sampler
+    from tasks.train.online_sampler import online_sampler
 
     cfg, _tasks, specs, _train, _test = _setup(config, overrides)
     store = ArtifactStore(clock.out / "store")
@@ -194,7 +194,7 @@ def side_ours(config: str, overrides: dict[str, Any], clock: _Clock, snapshots: 
             "records": store.write("freeze", "records", records)}
     sampling = {hid: (s.sampling.temperature, s.sampling.top_k, s.sampling.top_p) for hid, s in specs.items()}
     model_dir = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
-    sampler, release = _online_sampler(store, cfg, refs, specs, sampling, model_id(model_dir))
+    sampler, release = online_sampler(store, cfg, refs, specs, sampling, model_id(model_dir))
     per_iteration = cfg.rollout.samples_per_task * len(cfg.harnesses) * (cfg.train.prompts_per_step or 0)
     engine_cls = engine_class(cfg.policy.engine)
     engine_cls.generate = clock.timing(engine_cls.generate)  # the engine's sampling call, timed like TRL's

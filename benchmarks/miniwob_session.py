@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _results import report  # noqa: E402
 
 from tasks.records.suites.miniwob import PRESETS, instance_seed  # noqa: E402
-from tasks.rollout.browser.miniwob import MiniWoBSession  # noqa: E402
+from tasks.environments.browser.miniwob import MiniWoBSession  # noqa: E402
 
 REF = re.compile(r'^\s*\[(\d+)\] (\S+)(?: "((?:[^"\\]|\\.)*)")?')
 

@@ -167,7 +167,7 @@ def sandbox_rates(args: argparse.Namespace) -> dict[str, Any]:
     from pydantic import ValidationError
 
     from tasks.config import SandboxConfig
-    from tasks.rollout.sandbox import SandboxError, make_sandbox
+    from tasks.environments.sandbox import SandboxError, make_sandbox
 
     out: dict[str, Any] = {}
     for backend in args.backends:

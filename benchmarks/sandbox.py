@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._results import report  # noqa: E402
 from tasks.config import SandboxConfig  # noqa: E402
-from tasks.rollout.sandbox import SandboxError, make_sandbox  # noqa: E402
+from tasks.environments.sandbox import SandboxError, make_sandbox  # noqa: E402
 
 
 def bench(backend: str, execs: int, episodes: int) -> dict[str, float]:

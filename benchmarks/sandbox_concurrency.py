@@ -113,7 +113,7 @@ class ScriptedPolicy:
         self.peak: dict[str, Any] = {}
 
     def generate(self, prompts: list[list[int]], sampling: Any, seed: int) -> list[Any]:
-        from tasks.rollout.policy import Generation
+        from tasks.rollout.generation import Generation
 
         if self.calls == 0:
             text = f"Let me run it.\n```python\n{PROGRAM}\n```"

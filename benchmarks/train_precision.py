@@ -37,7 +37,7 @@ from _results import report  # noqa: E402
 def batch(tokenizer, groups: int, group: int) -> list:
     """``groups`` x ``group`` sequences: a chat prompt per group, completions that state a product,
     right (reward 1) for every other one."""
-    from tasks.rollout.policy import ChatFormat
+    from tasks.rollout.generation import ChatFormat
     from tasks.train.sequences import TrainSequence
 
     seqs = []

@@ -82,7 +82,7 @@ def verify_command(run_dir: Path, public_key: Path | None, witness: bool, findin
                 raise CommandError(f"--witness: no Prefect API answers ({type(e).__name__}: {e})", 2) from None
             say(f"witnessed by the Prefect API: plan at {seen['plan']}, head at {seen['head']}")
         if findings_file is not None:
-            from flows.findings import check_published
+            from flows.published_findings import check_published
 
             got = check_published(store, findings_file, run_dir.resolve().name.rsplit("-", 1)[-1],
                                   plan_hash=rep.plan_hash, fingerprint=rep.fingerprint)
@@ -156,16 +156,18 @@ def application_findings(app: Any, cfg: Any, config: Path, run_dir: Path | None,
 def pipeline_findings(cfg: Any, config_name: str, run_dir: Path | None, quick: bool, append: Path | None,
                       say: Say) -> None:
     """``harnessrl findings`` for a pipeline run: verify it, print its findings rows
-    (:func:`flows.findings.finding_rows`); with ``append`` add them (and the arms' rows) to that
+    (:func:`flows.published_findings.finding_rows`); with ``append`` add them (and the arms' rows) to that
     file and copy the run's figures to docs/img/findings/.
 
     Raises:
         CommandError: 2: no such run, another config's run, its plan names no findings; 1: it does
             not verify, or a stage has more infra errors than the findings threshold.
     """
-    from flows.findings import ARMS_FILE, arm_rows, copy_figures, finding_rows
+    from flows.published_findings import (ARMS_FILE, P1_CORRELATIONS_FILE, arm_rows, copy_figures, finding_rows,
+                                          p1_correlation_rows)
     from schemas import ArtifactStore
     from tasks.analysis.infra import InfraThresholdError
+    from tasks.evaluate.p1_correlations import markdown_table
     from tasks.evaluate.plan import evaluate_config_hash
     from tasks.evaluate.seal import SealError
     from tasks.evaluate.verify import NotARunError
@@ -189,9 +191,16 @@ def pipeline_findings(cfg: Any, config_name: str, run_dir: Path | None, quick: b
         raise CommandError(f"NOT VERIFIED: {e}", 2 if "names no findings" in str(e) else 1) from None
     for r in rows:
         say(json.dumps(r, sort_keys=True))
+    label = f"{cfg.name}-{cfg.config_hash()[:10]}"
+    corr = p1_correlation_rows(store, label, rows[0]["plan_hash"] if rows else None)
+    if corr:  # P1's R^2 and rank correlations over the p1 findings' cells (descriptive, no verdict)
+        say(markdown_table(corr).rstrip("\n"))
     if append is not None:
         _append(append, rows, say)
-        label = f"{cfg.name}-{cfg.config_hash()[:10]}"
+        if corr:
+            with (append.parent / P1_CORRELATIONS_FILE).open("a") as fh:
+                fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in corr))
+            say(f"appended {len(corr)} P1 correlation row(s) to {append.parent / P1_CORRELATIONS_FILE}")
         arms = arm_rows(store, cfg, label)
         if arms:
             arms_file = append.parent / ARMS_FILE

@@ -6,7 +6,7 @@
 #      /var/run/docker.sock, no bridge network and no iptables rules (sandboxes use network "none"),
 #      and wait up to 30 s until `docker info` answers;
 #   3. build the sandbox image from local files when the tag for this checkout is absent
-#      (`python -m tasks.rollout.sandbox.image build`; see infra/sandbox/README.md).
+#      (`python -m tasks.environments.sandbox.image build`; see infra/sandbox/README.md).
 # A second run with everything in place takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,4 +49,4 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { echo "setup-docker: dockerd did not start; last log lines:" >&2; tail -20 "$ROOT/dockerd.log" >&2; exit 1; }
 fi
 
-"$PY" -m tasks.rollout.sandbox.image build
+"$PY" -m tasks.environments.sandbox.image build

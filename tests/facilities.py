@@ -44,7 +44,7 @@ def docker_missing() -> str | None:
     try:
         import docker
 
-        from tasks.rollout.sandbox.image import docker_client, image_tag
+        from tasks.environments.sandbox.image import docker_client, image_tag
 
         client = docker_client(None)
         tag = image_tag()

@@ -7,18 +7,23 @@ The layers, lowest first (a module may import its own layer and those below it):
 
 | rank | packages |
 | --- | --- |
-| 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``, ``tasks.command``), the registries of what people add (``tasks.registries``) and the import list of the applications (``tasks.applications``, which names their modules as strings) |
+| 0 | ``schemas``, the helpers at the top of ``tasks`` (``tasks.hashing``, ``tasks.progress``, ``tasks.yamlfile``, ``tasks.command``), the registries of what people add (``tasks.registries``), the import list of the applications (``tasks.applications``, which names their modules as strings) and the environments' exceptions (``tasks.environments.errors``) |
 | 1 | ``tasks.harnesses`` |
 | 2 | ``tasks.config`` |
-| 3 | ``tasks.rollout``, ``tasks.records`` (one rank, see below) |
-| 4 | ``tasks.train`` |
-| 5 | ``tasks.evaluate`` |
-| 6 | ``tasks.analysis`` |
-| 7 | the applications: ``tasks.talkmesh``, ``tasks.bipa`` |
-| 8 | ``flows`` |
+| 3 | ``tasks.environments`` (the sandbox and the browser) |
+| 4 | ``tasks.records`` |
+| 5 | ``tasks.rollout`` |
+| 6 | ``tasks.train`` |
+| 7 | ``tasks.evaluate`` |
+| 8 | ``tasks.analysis`` |
+| 9 | the applications: ``tasks.talkmesh``, ``tasks.bipa`` |
+| 10 | ``flows`` |
 
-``tasks.rollout`` and ``tasks.records`` share a rank: the verifiers run in the rollout's sandbox and
-browser, and the rollout grades with the verifiers. The applications plug into the cores through
+The sandbox and the browser sit below both stages that use them: the verifiers (``tasks.records``)
+grade inside them, and the episode loop (``tasks.rollout``) opens them and grades with the
+verifiers. Their exceptions (``tasks.environments.errors``, a module that imports nothing) sit at
+rank 0, because the harness tools (rank 1) raise ``SandboxPathError``; the rest of the sandbox
+reads its limits from the configuration (rank 2). The applications plug into the cores through
 :mod:`tasks.registries.applications` (which imports the modules that :mod:`tasks.applications` lists, by
 name), :mod:`tasks.rollout.loop_plugins` and the contract registry instead of being imported by them.
 """
@@ -29,15 +34,17 @@ import grimp
 import networkx as nx
 import pytest
 
-CORES = ("tasks.records", "tasks.rollout", "tasks.train", "tasks.evaluate", "tasks.analysis", "tasks.harnesses",
-         "tasks.config", "schemas")
+CORES = ("tasks.environments", "tasks.records", "tasks.rollout", "tasks.train", "tasks.evaluate", "tasks.analysis",
+         "tasks.harnesses", "tasks.config", "schemas")
 APPLICATIONS = ("tasks.talkmesh", "tasks.bipa")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("schemas", "tasks.hashing", "tasks.progress", "tasks.yamlfile", "tasks.command", "tasks.registries",
-     "tasks.applications"),
+     "tasks.applications", "tasks.environments.errors"),
     ("tasks.harnesses",),
     ("tasks.config",),
-    ("tasks.rollout", "tasks.records"),
+    ("tasks.environments",),
+    ("tasks.records",),
+    ("tasks.rollout",),
     ("tasks.train",),
     ("tasks.evaluate",),
     ("tasks.analysis",),
@@ -129,11 +136,18 @@ def test_the_checks_catch_a_forbidden_import(graph):
     """Each rule above fails on the import it forbids (a core importing an application, a lower
     layer importing a higher one, a package opening another's stage)."""
     g = graph.copy()
-    g.add_edge("tasks.harnesses.spec", "tasks.talkmesh.protocol")
+    g.add_edge("tasks.harnesses.spec", "tasks.talkmesh.mesh")
     g.add_edge("tasks.config.run", "tasks.rollout.models")
     g.add_edge("tasks.evaluate.exports", "tasks.train.stage")
+    g.add_edge("tasks.environments.browser", "tasks.records.suites.base")  # the loop the shared rank hid
+    g.add_edge("tasks.records.verifiers", "tasks.rollout.harness")
+    g.add_edge("tasks.environments.errors", "tasks.environments.sandbox.base")
     assert upward_imports(g) == [("tasks.config.run", "tasks.rollout.models"),
-                                 ("tasks.harnesses.spec", "tasks.talkmesh.protocol")]
+                                 ("tasks.environments.browser", "tasks.records.suites.base"),
+                                 ("tasks.environments.errors", "tasks.environments.sandbox.base"),
+                                 ("tasks.harnesses.spec", "tasks.talkmesh.mesh"),
+                                 ("tasks.records.verifiers", "tasks.rollout.harness")]
     assert stage_openers(g) == [("tasks.evaluate.exports", "tasks.train.stage")]
-    assert rank("tasks.records.suites.base") == rank("tasks.rollout.harness") == 3
-    assert rank("tasks.talkmesh.run") == 7 and rank("flows.cli") == 8 and rank("tests.conftest") is None
+    assert rank("tasks.environments.errors") == 0 and rank("tasks.environments.sandbox.bwrap") == 3
+    assert rank("tasks.records.suites.base") == 4 and rank("tasks.rollout.harness") == 5
+    assert rank("tasks.talkmesh.run") == 9 and rank("flows.cli") == 10 and rank("tests.conftest") is None

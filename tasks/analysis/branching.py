@@ -41,7 +41,7 @@ from typing import Any
 
 from tasks.evaluate.stats import pass_at_k
 from tasks.hashing import seed_from, sha256_json
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 from tasks.rollout.turns import episode_prompts, iter_prompts
 
 

@@ -62,7 +62,7 @@ def propose(proposer: Any, skill: str, mean: float, cfg: BipaRunConfig, seed: in
     """One rewrite of ``skill`` by ``proposer`` (any policy engine: ``generate(prompts, sampling,
     seed)`` and ``tokenizer``), prompted through the tokenizer's chat template. Returns the raw
     completion text."""
-    from tasks.rollout.policy import ChatFormat
+    from tasks.rollout.generation import ChatFormat
 
     prompt = ChatFormat(proposer.tokenizer).initial(PROPOSER_SYSTEM, PROPOSER_USER.format(mean=mean, skill=skill))
     (g,) = proposer.generate([prompt], cfg.bipa.proposer_sampling, seed)

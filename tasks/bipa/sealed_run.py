@@ -138,7 +138,7 @@ def run_sealed(store: Any, cfg: Any, frozen: dict[str, Any], policy: Any, propos
     from tasks.bipa.optimizer import PROPOSER_SYSTEM, PROPOSER_USER, _split_tasks, clean_proposal
     from tasks.evaluate.signing import commit_plan, load_or_create_key, sign_head
     from tasks.harnesses.frozen import harness_specs
-    from tasks.rollout.policy import ChatFormat
+    from tasks.rollout.generation import ChatFormat
 
     proposer = proposer if proposer is not None else policy
     sel_tasks, test_tasks = _split_tasks(store, frozen, cfg)

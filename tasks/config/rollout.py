@@ -10,7 +10,7 @@ from tasks.config.base import LaterOptions, _Strict
 
 
 class SandboxConfig(_Strict):
-    """Where tool calls run: one sandbox per episode (``tasks/rollout/sandbox``).
+    """Where tool calls run: one sandbox per episode (``tasks/environments/sandbox``).
 
     Per command (each exec): ``wall_s`` wall-clock seconds, ``cpu_s`` CPU seconds (RLIMIT_CPU),
     ``memory_mb`` MiB of address space per process (RLIMIT_AS), ``file_size_mb`` MiB per written

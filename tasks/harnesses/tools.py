@@ -10,7 +10,7 @@ tools act on the episode's browser session. Every tool returns a :class:`ToolOut
 argument (a missing file, a search string that does not occur) is the agent's mistake and comes
 back as text in the observation: either the tool returns it, or it raises SandboxPathError /
 OSError, which the engine turns into the tool's error text. Only infrastructure failures end the
-episode (:class:`tasks.rollout.sandbox.SandboxError`, :class:`tasks.rollout.browser.BrowserError`).
+episode (:class:`tasks.environments.errors.SandboxError`, :class:`tasks.environments.errors.BrowserError`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol
 
-from tasks.harnesses.sandbox_errors import SandboxPathError
+from tasks.environments.errors import SandboxPathError
 
 Needs = Literal["sandbox", "browser", "none"]
 

@@ -14,8 +14,8 @@ import math
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
-    from tasks.rollout.browser import BrowserSession
-    from tasks.rollout.sandbox import Sandbox
+    from tasks.environments.browser import BrowserSession
+    from tasks.environments.sandbox import Sandbox
 
 
 class VerifierError(RuntimeError):

@@ -147,9 +147,18 @@ class _SharedPolicy:
         self._policy = policy
         self.tokenizer = copy.deepcopy(policy.tokenizer)
 
-    def generate(self, prompts: list[list[int]], sampling: Any, seed: int, **kw: Any) -> Any:
+    def generate(self, prompts: list[list[int]], sampling: Any, seed: int, **states: Any) -> Any:
+        """The policy's ``generate``; ``states``/``keep_states`` (the harness gives them only to a
+        policy whose ``generate`` takes them: :func:`tasks.rollout.harness.takes_states`) and
+        ``request_seeds`` (common random numbers) passed on when given."""
         with _GENERATE_LOCK:
-            return self._policy.generate(prompts, sampling, seed, **kw)
+            return self._policy.generate(prompts, sampling, seed, **states)
+
+    @property
+    def takes_states(self) -> bool:
+        from tasks.rollout.harness import takes_states
+
+        return takes_states(self._policy)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._policy, name)
@@ -255,11 +264,11 @@ def run_shard(inp: ShardInput, policy: Any, on_turns: Callable[[int], None] | No
     1 and 2 threads); Dask's workers start with ``OMP_NUM_THREADS=1``.
 
     Raises:
-        tasks.rollout.sandbox.limits.HostLimitError: the hard RLIMIT_NOFILE of this process
+        tasks.environments.sandbox.limits.HostLimitError: the hard RLIMIT_NOFILE of this process
             cannot hold the shard's sandboxes (checked before the policy loads).
     """
     from tasks.rollout.harness import run_episodes
-    from tasks.rollout.sandbox.limits import ensure_descriptors, episode_sandboxes
+    from tasks.environments.sandbox.limits import ensure_descriptors, episode_sandboxes
 
     # the shard's sandboxes are all open at once (a dask/ray worker process has not been checked)
     ensure_descriptors(episode_sandboxes(inp.spec, [inp.tasks[r["task_id"]] for r in inp.records], inp.shard.samples),

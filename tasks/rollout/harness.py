@@ -32,14 +32,13 @@ from schemas.faults import fault_point
 from tasks.config import SandboxConfig
 from tasks.harnesses.actions import ParsedReply, fallback_answer, last_code_block, parse_reply
 from tasks.harnesses.spec import ENGINE_LOOP_TYPES, HarnessSpec, SamplingSpec, render
+from tasks.environments.errors import BrowserError, SandboxError, SandboxPathError
+from tasks.environments.sandbox import Sandbox, make_sandbox
 from tasks.harnesses.tools import IMPLS, ToolOutput
 from tasks.hashing import canonical_json, seed_from, sha256_text
 from tasks.progress import on_requests_done
 from tasks.records.verifiers import VerifierError, grade
-from tasks.rollout.browser import BrowserError
-from tasks.rollout.policy import ChatFormat, Generation
-from tasks.rollout.sandbox import Sandbox, SandboxError, make_sandbox
-from tasks.harnesses.sandbox_errors import SandboxPathError
+from tasks.rollout.generation import ChatFormat, Generation
 from tasks.rollout.turns import first_turn, next_turn
 
 log = logging.getLogger("harnessrl.harness")
@@ -55,6 +54,23 @@ class Policy(Protocol):
     tokenizer: Any
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]: ...
+
+
+def takes_states(policy: Any) -> bool:
+    """Whether ``policy.generate`` takes ``states`` and ``keep_states`` (the ``hf`` engine: an
+    episode's next turn starts from the keys and values of its previous one,
+    :mod:`tasks.rollout.engines.hf_prefix`). A wrapper says so with a ``takes_states`` attribute;
+    otherwise the signature decides."""
+    import inspect
+
+    flag = getattr(type(policy), "takes_states", None)
+    if flag is not None:
+        return bool(getattr(policy, "takes_states"))
+    try:
+        params = inspect.signature(policy.generate).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return "states" in params and "keep_states" in params
 
 
 @dataclass(frozen=True)
@@ -109,8 +125,10 @@ class EpisodeEnv:
 
     def browser_session(self) -> Any:
         if self._browser is None:
-            from tasks.rollout.browser import open_browser
+            from tasks.environments.browser import open_browser
+            from tasks.records.suites.base import import_suite_modules
 
+            import_suite_modules()  # each suite registers its browser
             self._browser = open_browser(self.task, self.seed)
         return self._browser
 
@@ -149,6 +167,7 @@ class _Episode:
     last_text: str = ""
     out_of_turns: bool = False
     cut: bool = False  # the context budget ended it, or its last reply was cut at max_new_tokens
+    state: Any = None  # the engine's keys and values of the last turn, for the next (takes_states)
     # per turn: [start, end] (Unix seconds) of the engine call that sampled it, and the number of
     # requests in that call (a batch shares one call); not in any artifact (not reproducible)
     turn_times: list[list[float]] = field(default_factory=list)
@@ -449,6 +468,7 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                 e.error = (f"the first prompt ({len(e.prompt)} tokens) + max_new_tokens "
                            f"({spec.sampling.max_new_tokens}) exceeds the context budget of {limit} tokens")
         report(spec.max_turns * sum(e.done for e in eps))
+        stateful = spec.max_turns > 1 and takes_states(policy)
         for turn in range(spec.max_turns):
             active = [e for e in eps if not e.done]
             if not active:
@@ -459,14 +479,20 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
             sampled = _Sampled(report, len(active))
             t_start = time.time()
             with on_requests_done(sampled):
-                gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed,
-                                       **({} if crn is None else {"request_seeds": crn}))
+                extra = {} if crn is None else {"request_seeds": crn}
+                if stateful:  # each episode's previous turn's keys and values; kept unless it is the last turn
+                    gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed,
+                                           states=[e.state for e in active], keep_states=turn < spec.max_turns - 1,
+                                           **extra)
+                else:
+                    gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed, **extra)
             t_end = time.time()
             for e in active:
                 e.turn_times.append([t_start, t_end, float(len(active))])
             fault_point(f"rollout:{spec.name}:turn:{turn}")  # crash tests: a worker dying mid-shard
             results = list(pool.map(lambda eg: _step(eg[0], spec, eg[1], turn, sandbox_cfg), zip(active, gens)))
             for e, g, (observation, obs_spans, action) in zip(active, gens, results):
+                e.state = g.state
                 spans = list(e.spans0) if turn == 0 else []
                 e.input_tokens += len(e.prompt)
                 row = {
@@ -505,6 +531,8 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
                     else:
                         e.prompt = new_prompt
                         e.prompt_cols = next_turn(cont)
+                if e.done:
+                    e.state = None
                 row["read_spans"] = canonical_json(spans)
             report(len(active) - sampled.n + (spec.max_turns - turn - 1) * sum(e.done for e in active))
 

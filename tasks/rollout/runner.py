@@ -59,7 +59,7 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
 
     Raises:
         tasks.rollout.fanout.ShardError: a shard failed (the message names it).
-        tasks.rollout.sandbox.limits.HostLimitError: the hard RLIMIT_NOFILE cannot hold the
+        tasks.environments.sandbox.limits.HostLimitError: the hard RLIMIT_NOFILE cannot hold the
             sandboxes the plan opens at once in this process (raised before any episode runs).
         ValueError: a policy object with the ``dask`` or ``ray`` runner; or a shard's episodes
             came back in another order than its jobs (an engine contract violation); a harness of
@@ -86,7 +86,7 @@ def iter_records(policy: Any, cfg: RunConfig, specs: dict[str, HarnessSpec], tas
                                  seed, tag, cfg.sandbox, threads))
     # every sandbox of a shard is open at once: make room for the plan's descriptors in this
     # process (worker processes of dask/ray check their own shard in run_shard) or refuse now
-    from tasks.rollout.sandbox.limits import ensure_descriptors, episode_sandboxes, planned_sandboxes
+    from tasks.environments.sandbox.limits import ensure_descriptors, episode_sandboxes, planned_sandboxes
 
     per_shard = [episode_sandboxes(i.spec, [i.tasks[r["task_id"]] for r in i.records], samples) for i in inputs]
     ensure_descriptors(planned_sandboxes(per_shard, rc.task_runner, rc.workers), cfg.sandbox.backend, tag)

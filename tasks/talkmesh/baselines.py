@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from tasks.talkmesh.protocol import weighted_vote
+from tasks.talkmesh.mesh import weighted_vote
 
 
 def _check_votes(answers: Sequence[Sequence[str | None]], confidences: Sequence[Sequence[float]],

@@ -63,7 +63,7 @@ class HiddenStates:
     """
 
     def __init__(self, model: Any, tokenizer: Any, system: str, *, batch_size: int = 16, device: str = "cpu"):
-        from tasks.rollout.policy import ChatFormat
+        from tasks.rollout.generation import ChatFormat
 
         self.model, self.tok, self.system = model.eval(), tokenizer, system
         self.chat = ChatFormat(tokenizer)

@@ -78,7 +78,7 @@ class TalkMeshConfig(LaterOptions):
     data; the first ``agents`` are the training mesh's agents). ``samples``: samples per test
     problem for the vote baselines, K (k = 1..K; the mesh's agents are the first ``agents``).
     ``agents`` N, ``topology``, ``degree`` (regular), ``rounds``, ``threshold``, ``gossip_steps``:
-    :class:`tasks.talkmesh.protocol.MeshSettings`. ``talk_group``: mesh runs per training problem
+    :class:`tasks.talkmesh.mesh.MeshSettings`. ``talk_group``: mesh runs per training problem
     (different talk seeds) whose revisions form one GRPO group. ``train_talk``: train the talk
     adapter (false: the mesh talks with the base model only). ``colluders``: the values of m for
     the collusion experiment (each < agents). ``resamples``: orderings averaged in the vote curves.
@@ -135,7 +135,7 @@ class TalkMeshConfig(LaterOptions):
         if bad:
             raise ValueError(f"talkmesh.colluders={self.colluders}: each m must be in [1, agents-1={self.agents - 1}]")
         if self.topology == "regular":
-            from tasks.harnesses.topology import build_topology
+            from tasks.talkmesh.topology import build_topology
 
             build_topology("regular", self.agents, self.degree, 0)  # raises on an impossible degree
         sizes = self.sizes()

@@ -3,7 +3,7 @@ rollout artifact, and the talk policy's training sequences.
 
 A harness with ``loop_type: talkmesh`` (:class:`tasks.talkmesh.harness_block.MeshSpec`) is not run by the
 harness engine. Its pieces are those of the ``harnessrl talkmesh`` command, reused as they are:
-:func:`tasks.talkmesh.protocol.run_mesh`, :class:`tasks.talkmesh.calibration.HiddenStates` /
+:func:`tasks.talkmesh.mesh.run_mesh`, :class:`tasks.talkmesh.calibration.HiddenStates` /
 :func:`~tasks.talkmesh.calibration.fit_head`, :class:`tasks.talkmesh.talk.LMTalk` and
 :func:`tasks.talkmesh.talk.talk_sequences`.
 
@@ -44,7 +44,7 @@ from tasks.harnesses.spec import HarnessSpec
 from tasks.hashing import canonical_json, seed_from
 from tasks.rollout.turns import first_turn, iter_prompts, prompt_lengths
 from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the talkmesh_* contracts)
-from tasks.talkmesh.protocol import MeshSettings, Output, Problem, run_mesh
+from tasks.talkmesh.mesh import MeshSettings, Output, Problem, run_mesh
 
 log = logging.getLogger("harnessrl.talkmesh")
 

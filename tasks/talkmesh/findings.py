@@ -178,7 +178,7 @@ def published_rows(store: Any, *, config: str, config_hash: str, commit: str, fr
                    key_fingerprint: str | None = None) -> list[dict[str, Any]]:
     """One ``findings.jsonl`` row per finding of a finished ``harnessrl talkmesh`` run.
 
-    The fields of :func:`flows.findings.finding_rows` (``paper``, ``name``, ``headline``,
+    The fields of :func:`flows.published_findings.finding_rows` (``paper``, ``name``, ``headline``,
     ``measure``, ``estimate``, ``ci_low``, ``ci_high``, ``level``, ``n``, ``verdict``, ``reason``,
     ``control`` (None: no random-reward control applies), ``config``, ``config_hash``, ``commit``,
     ``key_fingerprint``, ``wall_s``), plus ``sealed``, the compared accuracies, and ``calibration``:

@@ -26,7 +26,7 @@ class MeshHeadSpec(BaseModel):
 
 
 class MeshSpec(BaseModel):
-    """The ``mesh`` block of a ``talkmesh`` harness (P3: docs/methods/p3-talkmesh.md; :mod:`tasks.talkmesh.protocol`).
+    """The ``mesh`` block of a ``talkmesh`` harness (P3: docs/methods/p3-talkmesh.md; :mod:`tasks.talkmesh.mesh`).
 
     ``agents`` N (2..256) share the policy; ``topology`` full | ring | regular (random
     ``degree``-regular); ``rounds`` of hint + revision (0..16); agents with a confidence below
@@ -51,7 +51,7 @@ class MeshSpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "MeshSpec":
         if self.topology == "regular":
-            from tasks.harnesses.topology import build_topology
+            from tasks.talkmesh.topology import build_topology
 
             try:
                 build_topology("regular", self.agents, self.degree, 0)

@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any, Callable
 
-from tasks.talkmesh.protocol import MeshResult, Output, Problem
+from tasks.talkmesh.mesh import MeshResult, Output, Problem
 
 
 def encode(value: Any) -> Any:

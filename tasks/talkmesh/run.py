@@ -45,7 +45,7 @@ from schemas import ArtifactRef, ArtifactStore
 from tasks.hashing import seed_from, sha256_dir
 from tasks.talkmesh import contracts as _contracts  # noqa: F401  (registers the contracts)
 from tasks.talkmesh.config import TalkMeshRunConfig
-from tasks.talkmesh.protocol import MeshResult, MeshSettings, Output, Problem, run_mesh, weighted_vote
+from tasks.talkmesh.mesh import MeshResult, MeshSettings, Output, Problem, run_mesh, weighted_vote
 
 log = logging.getLogger("harnessrl.talkmesh")
 

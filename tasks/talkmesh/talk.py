@@ -3,7 +3,7 @@ policy engine, and the talk policy's GRPO batch.
 
 Every call goes through a policy engine's ``generate(prompts, sampling, seed)`` (hf, vllm or
 openai; :func:`tasks.rollout.engines.load_policy`) with chat prompts built by
-:class:`tasks.rollout.policy.ChatFormat`; answers are parsed with the harness's answer pattern
+:class:`tasks.rollout.generation.ChatFormat`; answers are parsed with the harness's answer pattern
 (:func:`tasks.harnesses.actions.parse_reply`, then its fallback).
 
 Talk GRPO (P3: docs/methods/p3-talkmesh.md): a revision's reward is R = 1[revision correct] - 1[proposal correct]
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from tasks.harnesses.spec import HarnessSpec, SamplingSpec
-from tasks.talkmesh.protocol import Output, Problem
+from tasks.talkmesh.mesh import Output, Problem
 from tasks.train.sequences import TrainSequence
 
 HINT_SYSTEM = ("You are one of several students solving the same math problem. Write a short hint (one or two "
@@ -52,7 +52,7 @@ class LMTalk:
 
     def __init__(self, policy: Any, spec: HarnessSpec, proposal_sampling: SamplingSpec, talk_sampling: SamplingSpec,
                  max_solution_chars: int = 600):
-        from tasks.rollout.policy import ChatFormat
+        from tasks.rollout.generation import ChatFormat
 
         self.policy, self.spec = policy, spec
         self.chat = ChatFormat(policy.tokenizer)
@@ -98,7 +98,7 @@ def revision_reward(proposal_correct: bool, revision_correct: bool) -> float:
 
 def talk_sequences(revisions: Sequence[dict[str, Any]], sampling: SamplingSpec
                    ) -> tuple[list[TrainSequence], list[dict[str, Any]]]:
-    """The talk policy's GRPO batch from :attr:`tasks.talkmesh.protocol.MeshResult.revisions`.
+    """The talk policy's GRPO batch from :attr:`tasks.talkmesh.mesh.MeshResult.revisions`.
 
     One sequence per revision (reward :func:`revision_reward`; group ``problem|revision``) and one
     per distinct model-written hint (reward = the mean R of its revisions; group ``problem|hint``).

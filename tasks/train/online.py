@@ -92,7 +92,7 @@ def probe_sequence(tokenizer: Any) -> TrainSequence:
     """The canary probe as a training sequence: the chat-formatted :data:`PROBE_QUESTION` (the
     harness engine's own prompt format, mask 0) and :data:`PROBE_ANSWER` (mask 1, the scored
     tokens), sampling key (1.0, 0, 1.0)."""
-    from tasks.rollout.policy import ChatFormat
+    from tasks.rollout.generation import ChatFormat
 
     prompt = ChatFormat(tokenizer).initial("You are a careful assistant.", PROBE_QUESTION)
     answer = tokenizer.encode(PROBE_ANSWER, add_special_tokens=False)

@@ -14,7 +14,7 @@ from tasks.evaluate.stats import pass_at_k
 from tasks.harnesses.spec import load_harness
 from tasks.records.freeze import freeze_tables
 from tasks.rollout.harness import EpisodeJob, run_episodes
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 from tests.facilities import bwrap_missing, require
 
 

@@ -11,7 +11,7 @@ from tasks.bipa.config import BipaRunConfig
 from tasks.bipa.graph import read_graphml_text
 from tasks.bipa.optimizer import PROPOSER_SYSTEM, clean_proposal
 from tasks.hashing import sha256_text
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 
 MAGIC = "1. Use MAGIC: compute the expression.\n2. Reply with Answer: <number>."
 PROPOSALS = [f"```\n{MAGIC}\n```", "   ", "Be careful."]

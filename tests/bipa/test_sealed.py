@@ -11,7 +11,7 @@ from tasks.bipa.config import BipaRunConfig
 from tasks.bipa.optimizer import PROPOSER_SYSTEM
 from tasks.evaluate.seal import SealError
 from tasks.hashing import sha256_text
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 
 GOOD = "1. GOOD: compute the expression exactly.\n2. Reply with Answer: <number>."
 PLACEBO = "1. Work out the expression in one python block.\n2. Then answer with the line Answer: <number>."

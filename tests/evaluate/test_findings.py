@@ -118,7 +118,7 @@ def test_a_finding_naming_an_unknown_contrast_is_refused_at_load():
 def test_published_rows_copy_the_verified_findings_and_verify_catches_an_edited_row(found, tmp_path):
     import json
 
-    from flows.findings import check_published, finding_rows
+    from flows.published_findings import check_published, finding_rows
     from tasks.evaluate.seal import SealError
 
     store, _ = found
@@ -358,7 +358,7 @@ def test_a_run_with_infra_errors_above_the_threshold_is_not_published(tmp_path):
 
     import yaml
 
-    from flows.findings import finding_rows
+    from flows.published_findings import finding_rows
     from tasks.analysis.infra import InfraThresholdError
 
     cfg = _infra_cfg()  # the threshold unset: the default 0
@@ -392,7 +392,7 @@ def test_a_run_with_infra_errors_above_the_threshold_is_not_published(tmp_path):
         "infra_errors": {"rollout": 0, "evaluate": lost2}, "infra_planned": {"rollout": 1, "evaluate": planned2},
         "infra_total": lost2, "infra_threshold": 0.5}
     # harnessrl verify --findings recomputes a row's infra counts: an edited count is caught
-    from flows.findings import check_published
+    from flows.published_findings import check_published
     from tasks.evaluate.seal import SealError
 
     f = tmp_path / "published.jsonl"

@@ -346,7 +346,7 @@ def test_a_single_seed_recipe_comparison_cannot_reach_reproduced(one_seed):
 
 
 def test_published_rows_carry_seeds_and_the_controls_interval_and_verify_checks_them(three_seeds, tmp_path):
-    from flows.findings import check_published, finding_rows
+    from flows.published_findings import check_published, finding_rows
     from tasks.evaluate.seal import SealError
 
     rows = finding_rows(three_seeds, config="c.yaml", config_hash="ab" * 32, commit="c0ffee")

@@ -2,7 +2,7 @@
 estimator table, its stability by the pre-registered rule and its sealed pass@1, from the analyze
 artifacts of a run."""
 
-from flows.findings import arm_rows
+from flows.published_findings import arm_rows
 from schemas import ArtifactStore
 from tasks.analysis.arms import training_stability
 from tasks.config import RunConfig

@@ -242,9 +242,9 @@ def run_miniwob(attempts: tuple[Attempt, ...], backend: str) -> list[str]:
     from tasks.config import SuiteConfig
     from tasks.records.suites.base import load_suite
     from tasks.records.verifiers import grade
-    from tasks.rollout.browser import open_browser
+    from tasks.environments.browser import open_browser
     from tests.records.tb_helpers import new_sandbox
-    from tests.rollout.test_miniwob import solve
+    from tests.environments.test_miniwob import solve
 
     task = load_suite(SuiteConfig(source="miniwob", name="click-button", size=1, seed=11))[0]
     row = task.to_row("test")

@@ -11,7 +11,7 @@ from tests.facilities import bwrap_missing, require
 
 def require_sandbox() -> None:
     """Skip (locally) / fail (CI) unless bwrap and the sandbox's pytest are installed."""
-    from tasks.rollout.sandbox.bwrap import sandbox_site
+    from tasks.environments.sandbox.bwrap import sandbox_site
 
     require("bubblewrap", bwrap_missing())
     require("pytest for the sandbox's python", None if sandbox_site() else "run scripts/bootstrap.sh")
@@ -24,7 +24,7 @@ def new_sandbox(workspace: dict[str, Any] | None = None, **cfg: Any):
     the files are written, then the set-up commands run in order.
     """
     from tasks.config import SandboxConfig
-    from tasks.rollout.sandbox import make_sandbox
+    from tasks.environments.sandbox import make_sandbox
 
     sb = make_sandbox(SandboxConfig(**{"wall_s": 30.0, "cpu_s": 30, **cfg}))
     ws = workspace or {}

@@ -356,7 +356,7 @@ def test_verifier_errors():
 
 def test_pytest_missing_in_sandbox_is_a_verifier_error(monkeypatch):
     require_sandbox()
-    import tasks.rollout.sandbox.bwrap as bw
+    import tasks.environments.sandbox.bwrap as bw
 
     monkeypatch.setattr(bw, "sandbox_site", lambda: None)
     task = _builtin()[0]

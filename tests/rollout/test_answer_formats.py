@@ -94,7 +94,7 @@ def demo_task():
 def test_demonstrations_are_in_the_prompt_the_model_sees(tiny_model_dir, demo_task):
     from transformers import AutoTokenizer
 
-    from tasks.rollout.policy import ChatFormat
+    from tasks.rollout.generation import ChatFormat
 
     task, recs = demo_task
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

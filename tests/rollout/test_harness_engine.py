@@ -10,7 +10,7 @@ from tasks.config import RunConfig, SandboxConfig
 from tasks.harnesses.spec import load_harness
 from tasks.records.freeze import freeze_tables
 from tasks.rollout.harness import EpisodeJob, run_episodes
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 from tasks.rollout.turns import episode_prompts
 from tasks.train.sequences import build_sequences
 

@@ -13,7 +13,7 @@ from tasks.harnesses.spec import load_harness
 from tasks.records.suites.base import Task
 from tasks.records.verifiers import register_verifier
 from tasks.rollout.harness import EpisodeJob, run_episodes
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 from tasks.rollout.turns import episode_prompts, prompt_lengths
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")

@@ -11,7 +11,7 @@ from tasks.config import RunConfig, SandboxConfig
 from tasks.harnesses.spec import HarnessSpec, load_harness
 from tasks.rollout.harness import EpisodeJob, read_skill, run_episodes
 from tasks.rollout.turns import episode_prompts
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 from tests.facilities import bwrap_missing, require
 
 

@@ -13,7 +13,7 @@ from tasks.config import SandboxConfig, SuiteConfig
 from tasks.harnesses.spec import load_harness
 from tasks.records.suites import load_suite
 from tasks.rollout.harness import EpisodeJob, run_episodes
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 from tests.facilities import bwrap_missing, require, require_chromium
 
 

@@ -20,12 +20,23 @@ def v1():
     return json.loads(FIXTURE.read_text())
 
 
+def _v1_draw(logp, generator, block=None):
+    """The draw the hf engine made when the fixture was recorded: transformers' sampling step,
+    ``torch.multinomial`` over the softmax of the processed scores, from the global generator
+    (``torch.manual_seed(seed)`` per batch), not the engine's block race."""
+    import torch
+
+    return torch.multinomial(torch.softmax(logp, dim=-1), num_samples=1)[:, 0]
+
+
 @pytest.fixture(scope="module")
 def v2(tiny_model_dir, tmp_path_factory):
     require("bubblewrap", bwrap_missing())
     model = tmp_path_factory.mktemp("fixture-model") / "tiny"  # the policy id (so episode ids) names the folder
     model.symlink_to(tiny_model_dir)
-    eps, turns = fixture_run(str(model))
+    with pytest.MonkeyPatch.context() as mp:  # the fixture's completions need the fixture's sampler
+        mp.setattr("tasks.rollout.engines.hf.sample_tokens", _v1_draw)
+        eps, turns = fixture_run(str(model))
     for e in eps:
         e.pop("record")
     return eps, turns

@@ -167,7 +167,7 @@ class FirstFourRight:
     def generate(self, prompts, sampling, seed):
         import re
 
-        from tasks.rollout.policy import Generation
+        from tasks.rollout.generation import Generation
 
         out = []
         for p in prompts:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from schemas import ArtifactStore
-from tasks.talkmesh.protocol import MeshResult, Output, Problem
+from tasks.talkmesh.mesh import MeshResult, Output, Problem
 from tasks.talkmesh.resume import StepCache, decode, encode
 
 

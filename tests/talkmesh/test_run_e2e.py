@@ -10,7 +10,7 @@ import re
 import pytest
 
 from schemas import ArtifactStore
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 from tasks.talkmesh.config import TalkMeshRunConfig
 from tasks.talkmesh.talk import HINT_SYSTEM
 

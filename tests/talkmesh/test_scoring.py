@@ -7,7 +7,7 @@ import torch
 
 from tasks.talkmesh.baselines import vote_curves
 from tasks.talkmesh.calibration import expected_calibration_error, fit_head
-from tasks.talkmesh.protocol import Output, Problem
+from tasks.talkmesh.mesh import Output, Problem
 from tasks.talkmesh.talk import revision_reward, talk_sequences
 from tasks.harnesses.spec import SamplingSpec
 

@@ -258,7 +258,7 @@ def test_online_arms_put_the_arm_in_the_policy_id(monkeypatch):
     # arms sampling the same records at the same version never share an episode id
     import tasks.rollout.engines.hf as hf_engine
     import tasks.rollout.runner as runner
-    from tasks.train.stage import _online_sampler
+    from tasks.train.online_sampler import online_sampler
 
     pids, tags = [], []
     monkeypatch.setattr(hf_engine.HFPolicy, "from_model",
@@ -279,7 +279,7 @@ def test_online_arms_put_the_arm_in_the_policy_id(monkeypatch):
 
     cfg = _cfg()
     for arm in ("cross", None):
-        sample, _release = _online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", arm)
+        sample, _release = online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", arm)
         got = sample(FakeTrainer(), 1)
         assert (got.seqs, got.dropped, got.rows) == ([], {}, {"episodes": [], "turns": []})
     assert pids == ["tiny+cross+online-v3", "tiny+online-v3"] and tags == ["online:1", "online:1"]
@@ -303,7 +303,7 @@ def test_an_arm_restricted_to_one_harness_trains_on_that_harness_alone(tiny_mode
 def test_online_sampling_of_an_arm_restricted_to_one_harness(monkeypatch):
     import tasks.rollout.engines.hf as hf_engine
     import tasks.rollout.runner as runner
-    from tasks.train.stage import _online_sampler
+    from tasks.train.online_sampler import online_sampler
 
     seen = []
     monkeypatch.setattr(hf_engine.HFPolicy, "from_model", classmethod(lambda cls, m, tok, pc, policy_id: None))
@@ -324,7 +324,7 @@ def test_online_sampling_of_an_arm_restricted_to_one_harness(monkeypatch):
 
     for only, want in ((["react-python"], ["react-python"]), (None, ["direct", "react-python"])):
         cfg = _cfg(train={"mode": "online", "steps": 1, "harnesses": only})
-        sample, _release = _online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", None)
+        sample, _release = online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", None)
         sample(FakeTrainer(), 0)
         assert [r["harness_name"] for r in seen[-1]] == want
 
@@ -355,7 +355,7 @@ def test_an_engine_sampling_beside_the_trainer_on_the_cpu_gets_its_own_threads(m
 
     import tasks.rollout.engines as engines
     import tasks.train.online as online_mod
-    from tasks.train.stage import _online_sampler
+    from tasks.train.online_sampler import online_sampler
 
     started = []
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)))
@@ -382,7 +382,7 @@ def test_an_engine_sampling_beside_the_trainer_on_the_cpu_gets_its_own_threads(m
                train={"mode": "online", "steps": 1, "max_staleness": staleness})
     before = torch.get_num_threads()
     try:
-        _sampler, release = _online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", None)
+        _sampler, release = online_sampler(Store(), cfg, {"tasks": "t", "records": "r"}, {}, {}, "tiny", None)
         split = staleness > 0 and device == "cpu" and engine == "vllm"
         assert [c.policy.torch_threads for c in started] == ([3] if split else [None] if engine == "vllm" else [])
         assert torch.get_num_threads() == (3 if split else before) and before != 3

@@ -331,7 +331,7 @@ def test_padding_is_masked_and_pad_equal_to_eos_keeps_the_first_eos():
 
 
 def test_generation_trims_at_the_first_eos_when_pad_is_eos():
-    from tasks.rollout.policy import trim_completion
+    from tasks.rollout.generation import trim_completion
 
     toks, lps, finish = trim_completion([5, 6, 2, 2, 2], [-1.0, -2.0, -0.5, -9.0, -9.0], eos_id=2)
     assert (toks, lps, finish) == ([5, 6, 2], [-1.0, -2.0, -0.5], "stop")

@@ -131,7 +131,7 @@ def grade_humaneval(spec: dict[str, Any], answer: str | None, ctx: GradeContext 
     Raises:
         VerifierError: no sandbox in ``ctx``; the sandbox failing.
     """
-    from tasks.rollout.sandbox import SandboxError
+    from tasks.environments.sandbox import SandboxError
 
     if ctx is None:
         raise VerifierError(f"verifier {VERIFIER_KIND!r} needs the episode's sandbox (ctx is None)")

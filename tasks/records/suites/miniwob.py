@@ -1,5 +1,5 @@
 """MiniWoB++ suites (``suites[].source: miniwob``): web UI tasks from the ``miniwob`` package,
-played in headless Chromium through :class:`tasks.rollout.browser.miniwob.MiniWoBSession`.
+played in headless Chromium through :class:`tasks.environments.browser.miniwob.MiniWoBSession`.
 
 ``name`` is a comma-separated list of MiniWoB++ env names (``click-button,enter-text``) or a preset
 from :data:`PRESETS`; ``size`` instances in total are dealt round-robin over the envs (instance
@@ -11,7 +11,7 @@ The instruction is the instance's own utterance (``Click on the "Next" button.``
 time: the loader opens one browser per env and resets it to each instance seed (a MiniWoB++ page
 is generated from its seed, and resets on an open page are clean; both are tested). This needs
 Chromium at freeze time (~1 s per env + ~0.05 s per instance) but gives each task a meaningful,
-content-addressed instruction, and lets :func:`tasks.rollout.browser.miniwob.open_session` refuse a
+content-addressed instruction, and lets :func:`tasks.environments.browser.miniwob.open_session` refuse a
 page whose utterance no longer matches the frozen one (a changed ``miniwob`` package). The agent
 sees the same utterance again in the first observation (``Task: ...``).
 
@@ -27,11 +27,11 @@ from typing import Any, Iterator
 from tasks.config import SuiteConfig
 from tasks.records.suites.base import Task, register_loader
 from tasks.records.verifiers import GradeContext, VerifierError, register_verifier
-from tasks.rollout.browser import miniwob as _browser  # registers the "miniwob" browser
+from tasks.environments.browser import miniwob as _browser  # registers the "miniwob" browser
 
 # Named env lists. ``basic``: five single-page tasks that scripted policies reading only the text
 # rendering solve through the click/type session API (one to a few actions each): three in
-# tests/rollout/test_miniwob.py, all five in benchmarks/miniwob_session.py (reward 1.0 on 5 seeds each).
+# tests/environments/test_miniwob.py, all five in benchmarks/miniwob_session.py (reward 1.0 on 5 seeds each).
 PRESETS: dict[str, tuple[str, ...]] = {
     "basic": ("click-button", "click-link", "enter-text", "focus-text", "click-checkboxes"),
 }

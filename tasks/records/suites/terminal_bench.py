@@ -112,7 +112,7 @@ from tasks.records.suites.base import Task, register_loader
 from tasks.records.verifiers import REWARD_RULES, GradeContext, VerifierError, p6_reward, register_verifier
 
 if TYPE_CHECKING:
-    from tasks.rollout.sandbox import Sandbox
+    from tasks.environments.sandbox import Sandbox
 
 SOURCE = "terminal_bench"
 VERIFIER_KIND = "terminal_bench"
@@ -627,7 +627,7 @@ def run_tests(spec: dict[str, Any], sandbox: "Sandbox", report: "str | list[str]
         VerifierError: pytest missing in the sandbox, the runner failing before the tests start,
             pytest's usage (4) or internal (3) error, or the sandbox itself failing.
     """
-    from tasks.rollout.sandbox import SandboxError
+    from tasks.environments.sandbox import SandboxError
 
     token = secrets.token_hex(16)
     program = _RUNNER % {"token": token, "spec": json.dumps(
@@ -742,7 +742,7 @@ def static_test_ids(tree: ast.Module) -> list[str]:
 def _fresh_run(spec: dict[str, Any], files: dict[str, str], sandbox_cfg: Any, oracle: bool) -> dict[str, Any]:
     from pathlib import PurePosixPath
 
-    from tasks.rollout.sandbox import make_sandbox
+    from tasks.environments.sandbox import make_sandbox
 
     sb = make_sandbox(sandbox_cfg)
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from tasks.harnesses.spec import SamplingSpec
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 
 
 class EngineError(RuntimeError):
@@ -108,7 +108,7 @@ def to_generation(engine: str, tokens: list[int], logprobs: list[float], finish_
     """
     import math
 
-    from tasks.rollout.policy import trim_completion
+    from tasks.rollout.generation import trim_completion
 
     if len(tokens) != len(logprobs):
         raise EngineError(f"{engine}: {len(logprobs)} log-probs for {len(tokens)} tokens")

@@ -1,9 +1,11 @@
 """The ``hf`` engine: transformers ``generate`` in this process.
 
-On the CPU or CUDA, weights in ``policy.rollout_dtype`` (a LoRA adapter beside them, unmerged),
-batched with left padding, prompts of similar length together (:func:`plan_batches`). Log-probs are
-read from the processed scores the sampler drew from (temperature, top-k, top-p applied), so they
-equal :func:`tasks.train.logprobs.token_logprobs` on the same weights.
+On the CPU or CUDA, weights in ``policy.rollout_dtype`` (a LoRA adapter beside them, unmerged, by
+forward hooks: :mod:`tasks.rollout.engines.hf_lora`), batched with left padding, prompts of similar
+length together (:func:`plan_batches`); an episode's later turns start from its earlier turns' keys
+and values (:mod:`tasks.rollout.engines.hf_prefix`). Tokens are drawn by :class:`_Sampler` from the
+processed scores (temperature, top-k, top-p applied), and their log-probs read from the same
+scores, so they equal :func:`tasks.train.logprobs.token_logprobs` on the same weights.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from tasks.config import PolicyConfig
 from tasks.harnesses.spec import SamplingSpec
 from tasks.hashing import sha256_dir
-from tasks.rollout.policy import Generation, trim_completion
+from tasks.rollout.generation import Generation, trim_completion
 
 
 #: new-token positions each KV-cache layer reserves at first (tasks/rollout/kv_cache.py doubles it)
@@ -35,6 +37,7 @@ class HFPolicy:
     def __init__(self, model_dir: Path, cfg: PolicyConfig, *, base_model_id: str, adapter_dir: Path | None = None):
         import torch
 
+        from tasks.rollout.engines.hf_lora import hook_lora
         from tasks.rollout.models import contiguous_output_head, load_model_and_tokenizer
 
         if cfg.torch_threads:
@@ -42,6 +45,7 @@ class HFPolicy:
         self.cfg = cfg
         self.model, self.tokenizer = load_model_and_tokenizer(model_dir, cfg.device, cfg.rollout_dtype)
         self.adapter_sha256 = ""
+        self.lora_hooks = None  # the adapter's hooks (hf_lora.LoraHooks) when they run it
         if adapter_dir is not None:
             from peft import PeftModel
 
@@ -50,7 +54,9 @@ class HFPolicy:
             # to the base value; the per-token change of log-prob against float32's has cosine
             # 0.23 merged, 0.41 unmerged). peft keeps the adapter in float32 beside the bf16 base.
             # A small update is only sampled faithfully with rollout_dtype float32.
-            self.model = PeftModel.from_pretrained(self.model, adapter_dir).eval()
+            # The same float32 update by forward hooks, with fewer ops per layer than peft's
+            # (tasks/rollout/engines/hf_lora.py); peft's own path for adapters the hooks do not cover.
+            self.model, self.lora_hooks = hook_lora(PeftModel.from_pretrained(self.model, adapter_dir).eval())
             contiguous_output_head(self.model)  # the frozen base weights: see the function
             self.adapter_sha256 = sha256_dir(adapter_dir)
         self.base_model_id = base_model_id
@@ -69,16 +75,25 @@ class HFPolicy:
         self = cls.__new__(cls)
         self.cfg, self.model, self.tokenizer = cfg, contiguous_output_head(model), tokenizer
         self.adapter_sha256, self.base_model_id, self.policy_id = "", policy_id, policy_id
+        self.lora_hooks = None
         self.eos_id, self.pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
         self.max_model_len = getattr(model.config, "max_position_embeddings", None)
         return self
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int, *,
+                 states: list[Any] | None = None, keep_states: bool = False) -> list[Generation]:
         """Sample one completion per prompt (token-id lists), returned in the prompts' order.
 
         Prompts run in the batches :func:`plan_batches` cuts (at most ``cfg.batch_size`` rows,
         similar lengths together); batch ``b`` of the plan samples under seed ``seed + b``.
-        Deterministic for a given (weights, prompts, sampling, seed) on the CPU.
+        Deterministic for a given (weights, prompts, sampling, seed, states) on the CPU.
+
+        Args:
+            states: per prompt, the ``Generation.state`` of the same episode's previous turn (or
+                None): a batch whose every prompt extends its state's tokens prefills only the
+                tokens past them (:mod:`tasks.rollout.engines.hf_prefix`).
+            keep_states: return each row's keys and values as ``Generation.state`` for the next
+                turn (None where the batch would keep more than ``hf_prefix.MAX_STATE_BYTES``).
 
         Progress: a row is reported to :func:`tasks.progress.requests_done` at the decoding step
         that samples its EOS, the batch's other rows when the batch ends.
@@ -89,7 +104,9 @@ class HFPolicy:
         plan = plan_batches([len(p) for p in prompts], self.cfg.batch_size, self.cfg.batch_overhead_tokens)
         for b, rows in enumerate(plan):
             stopped = _StoppedRows(max(len(prompts[i]) for i in rows), self.eos_id, requests_done)
-            for i, g in zip(rows, self._generate_batch([prompts[i] for i in rows], sampling, seed + b, stopped)):
+            batch_states = [states[i] for i in rows] if states is not None else None
+            for i, g in zip(rows, self._generate_batch([prompts[i] for i in rows], sampling, seed + b, stopped,
+                                                       batch_states, keep_states)):
                 out[i] = g
             requests_done(len(rows) - stopped.n)
         return [g for g in out if g is not None]
@@ -99,12 +116,14 @@ class HFPolicy:
         engine with a worker or connections stops them here)."""
 
     def _generate_batch(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int,
-                        stopped: "_StoppedRows | None" = None) -> list[Generation]:
+                        stopped: "_StoppedRows | None" = None, states: list[Any] | None = None,
+                        keep_states: bool = False) -> list[Generation]:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList
         from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                             TopPLogitsWarper)
 
+        from tasks.rollout.engines import hf_prefix
         from tasks.rollout.kv_cache import reserved_cache
 
         device = self.cfg.device
@@ -114,8 +133,9 @@ class HFPolicy:
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attn[i, width - len(p):] = 1
-        # the sampler's processing is ours (the transformers warpers, in transformers' order), with
-        # a recorder last: generate itself applies none, and no [T, B, V] stack of scores is kept
+        # the sampler's processing is ours (the transformers warpers, in transformers' order), and
+        # so is the draw (:class:`_Sampler`, last): generate runs greedy over what it returns, and no
+        # [T, B, V] stack of scores is kept
         warpers = LogitsProcessorList()
         if sampling.temperature != 1.0:
             warpers.append(TemperatureLogitsWarper(sampling.temperature))
@@ -125,43 +145,53 @@ class HFPolicy:
             warpers.append(TopPLogitsWarper(sampling.top_p))
         if stopped is not None:  # reads the tokens drawn so far; the scores pass unchanged
             warpers.append(stopped)
-        recorder = _LogprobRecorder()
-        warpers.append(recorder)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        sampler = _Sampler(generator)
+        warpers.append(sampler)
         gen_cfg = GenerationConfig(
-            # top_k=0 / top_p=1.0 / temperature=1.0 switch transformers' own warpers off (the ones
-            # above do the processing); None would mean transformers' default top_k=50
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            # greedy over what the sampler returns (its draw: 0 there, -inf elsewhere, so even a
+            # model config that turns sampling back on draws the same token); transformers' own
+            # warpers stay off (the ones above do the processing)
+            do_sample=False, temperature=1.0, top_k=None, top_p=1.0,
             min_p=None, typical_p=1.0, repetition_penalty=1.0, max_new_tokens=sampling.max_new_tokens,
             eos_token_id=self.eos_id, pad_token_id=self.pad_id, return_dict_in_generate=True,
         )
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # nothing else in generate draws; kept so that nothing depends on earlier calls
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
                 ids, attn = ids.to(device), attn.to(device)
-                cache = None
+                cache = reserved = None
                 # a model whose generation config names its own cache (static, ...) keeps it: generate
                 # refuses a cache object beside one
                 if getattr(getattr(self.model, "generation_config", None), "cache_implementation", None) is None:
                     # room for 64 new tokens at first, doubled when full up to the most the batch can need:
                     # a batch whose rows all stop early never holds max_new_tokens positions per row
                     # (1.5 GB for 128 rows x 512 on SmolLM2)
-                    cache = self._shared_prompt_cache(ids, attn, reserved_cache(
-                        self.model.config, width + min(sampling.max_new_tokens, RESERVE_NEW_TOKENS),
-                        limit=width + sampling.max_new_tokens))
+                    reserved = reserved_cache(self.model.config,
+                                              width + min(sampling.max_new_tokens, RESERVE_NEW_TOKENS),
+                                              limit=width + sampling.max_new_tokens)
+                    # the episodes' earlier turns from their states (a reserved cache holds every
+                    # position), else each distinct prompt once
+                    columns = hf_prefix.usable(prompts, states) if reserved is not None else 0
+                    cache = (hf_prefix.fill(reserved, prompts, states, columns) if columns  # type: ignore[arg-type]
+                             else self._shared_prompt_cache(ids, attn, reserved))
                 res = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=gen_cfg,
                                           logits_processor=warpers, cache=cache)
+                seqs = res.sequences[:, width:].cpu()
+                rows = [trim_completion(seqs[i].tolist(), [], self.eos_id)[0] for i in range(len(prompts))]
+                kept = (hf_prefix.keep(reserved, prompts, rows, seqs.shape[1]) if keep_states and reserved is not None
+                        else [None] * len(prompts))
         finally:
             self.model.train(was_training)
-        seqs = res.sequences[:, width:].cpu()
-        logp_all = recorder.logprobs(seqs)  # [B, T]
-        del res
+        logp_all = sampler.logprobs(seqs)  # [B, T]
+        del res, cache, reserved
         gens = []
         for i in range(len(prompts)):
             toks, lps, finish = trim_completion(seqs[i].tolist(), logp_all[i].tolist(), self.eos_id)
             gens.append(Generation(token_ids=toks, logprobs=lps, finish_reason=finish,
-                                   text=self.tokenizer.decode(toks, skip_special_tokens=True)))
+                                   text=self.tokenizer.decode(toks, skip_special_tokens=True), state=kept[i]))
         return gens
 
     def _shared_prompt_cache(self, ids: Any, attn: Any, cache: Any = None) -> Any:
@@ -269,34 +299,80 @@ class _StoppedRows:
         return scores
 
 
-class _LogprobRecorder:
-    """A logits processor, last in the list, that keeps the log-probability of each sampled token
-    under the processed distribution it was drawn from, holding one ``[B, V]`` step at a time
-    (``output_scores`` would keep all ``T`` steps: 1.6 GB for 128 x 64 tokens of a 49,152-token
-    vocabulary). The token drawn at step t is read at step t + 1 (the last column of
-    ``input_ids``); the last step's in :meth:`logprobs`."""
+class _Sampler:
+    """A logits processor, last in the list, that draws each row's next token from its processed
+    scores (:func:`sample_tokens`) and keeps that token's log-probability; ``generate`` runs greedy
+    and picks it (the returned scores are 0 there, ``-inf`` elsewhere).
 
-    def __init__(self) -> None:
-        self.prev: Any = None  # [B, V] float32 log-softmax of the last step's processed scores
+    Holds one ``[B, V]`` step at a time (``output_scores`` would keep all ``T`` steps: 1.6 GB for
+    128 x 64 tokens of a 49,152-token vocabulary).
+    """
+
+    def __init__(self, generator: Any) -> None:
+        self.generator = generator
         self.cols: list[Any] = []  # per step, [B] float32 log-probs of the drawn tokens
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
-        if self.prev is not None:
-            self.cols.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1).cpu())
-        self.prev = torch.log_softmax(scores.float(), dim=-1)
-        return scores
+        logp = torch.log_softmax(scores.float(), dim=-1)
+        tokens = sample_tokens(logp, self.generator)
+        self.cols.append(logp.gather(-1, tokens[:, None]).squeeze(-1).cpu())
+        picked = torch.full_like(scores, float("-inf"))
+        picked.scatter_(-1, tokens[:, None], 0.0)
+        return picked
 
     def logprobs(self, generated: Any) -> Any:
         """``[B, T]`` float32 log-probs of ``generated`` (``[B, T]``, the new tokens); steps the
         sampler ran past the end (undone by ``generate``) are dropped."""
         import torch
 
-        t = generated.shape[1]
-        cols = self.cols[:t]
-        if len(cols) < t and self.prev is not None:
-            cols.append(self.prev.gather(-1, generated[:, len(cols):len(cols) + 1].to(self.prev.device))
-                        .squeeze(-1).cpu())
-        self.prev = None
+        cols = self.cols[:generated.shape[1]]
         return torch.stack(cols, dim=1) if cols else torch.zeros((generated.shape[0], 0))
+
+
+#: tokens per block of :func:`sample_tokens`' first race
+SAMPLE_BLOCK = 256
+
+
+def sample_tokens(logp: Any, generator: Any, block: int = SAMPLE_BLOCK) -> Any:
+    """One token per row drawn from ``exp(logp)``, exactly, with ``ceil(V / block) + block``
+    exponential variates per row instead of ``V``.
+
+    ``torch.multinomial`` draws one sample as an exponential race over the whole vocabulary
+    (the token with the largest ``p_i / E_i``, ``E_i ~ Exp(1)``): ``V`` variates per row (49,152 for
+    SmolLM2), which cost more than the rest of a decoding step on the CPU. The race runs here in
+    two rounds: first over blocks of ``block`` consecutive tokens, each with its mass ``P_b``
+    (the largest ``P_b / E_b``), then over the winning block's tokens. The block wins with
+    probability ``P_b``, a token within it with ``p_i / P_b``: ``p_i`` in all. A race, unlike a
+    draw by the cumulative sum, moves to another token only when the two leading ``p / E`` nearly
+    tie, so probabilities that differ in the last bits (another CPU's kernels) rarely change the
+    draw. A token with ``logp`` ``-inf`` (cut by top-k/top-p) is never drawn.
+
+    Args:
+        logp: ``[B, V]`` float32 log-probabilities (each row's ``exp`` sums to 1).
+        generator: a ``torch.Generator`` on ``logp``'s device; the variates come from it alone.
+        block: tokens per block, >= 1.
+
+    Returns:
+        ``[B]`` long token ids. Deterministic for a given ``generator`` state and ``logp``.
+
+    Raises:
+        ValueError: ``block`` < 1.
+    """
+    import torch
+
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    rows, v = logp.shape
+    blocks = -(-v // block)
+    p = logp.exp()
+    if blocks * block != v:
+        p = torch.nn.functional.pad(p, (0, blocks * block - v))
+    mass = p.view(rows, blocks, block).sum(-1).double()  # [B, blocks]
+    race = torch.empty((rows, blocks), dtype=torch.float64, device=logp.device).exponential_(generator=generator)
+    first = (mass / race).argmax(-1) * block  # [B]: the winning block's first token
+    idx = first[:, None] + torch.arange(block, device=logp.device)  # [B, block]
+    inside = logp.gather(-1, idx.clamp(max=v - 1)).double().masked_fill(idx >= v, float("-inf"))
+    race = torch.empty((rows, block), dtype=torch.float64, device=logp.device).exponential_(generator=generator)
+    return first + (inside - race.log()).argmax(-1)

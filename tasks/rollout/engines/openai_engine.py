@@ -40,7 +40,7 @@ from tasks.config import PolicyConfig
 from tasks.harnesses.spec import SamplingSpec
 from tasks.hashing import seed_from
 from tasks.rollout.engines.base import EngineError, load_tokenizer, policy_identity, to_generation
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 
 # OpenAI's completions API takes a 32-bit seed; vLLM accepts any int, other servers may not
 SEED_MOD = 2**31

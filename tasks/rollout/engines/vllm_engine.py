@@ -26,7 +26,7 @@ from tasks.harnesses.spec import SamplingSpec
 from tasks.hashing import seed_from
 from tasks.progress import requests_done
 from tasks.rollout.engines.base import EngineError, load_tokenizer, policy_identity, to_generation
-from tasks.rollout.policy import Generation
+from tasks.rollout.generation import Generation
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("vllm_worker.py")

@@ -16,8 +16,8 @@ from tasks.config import SuiteConfig
 from tasks.records.suites.base import load_suite
 from tasks.records.suites.miniwob import env_list, instance_seed
 from tasks.records.verifiers import VerifierError, grade
-from tasks.rollout.browser import BrowserError, open_browser
-from tasks.rollout.browser.miniwob import ENDED_MESSAGE, MiniWoBSession, _running
+from tasks.environments.browser import BrowserError, open_browser
+from tasks.environments.browser.miniwob import ENDED_MESSAGE, MiniWoBSession, _running
 from tests.facilities import require_chromium
 
 ENVS = "click-button,enter-text,click-checkboxes"

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import pytest
 
 from tasks.config import SandboxConfig
-from tasks.rollout.sandbox import SandboxPathError, make_sandbox
+from tasks.environments.sandbox import SandboxPathError, make_sandbox
 from tests.facilities import bwrap_missing, docker_missing, require
 
 LIMITS = dict(wall_s=2, cpu_s=1, memory_mb=256, workdir_mb=16, tmp_mb=16, file_size_mb=12, output_bytes=2000,
@@ -70,7 +70,7 @@ def _assert_cleaned_up(s, backend: str) -> None:
             time.sleep(0.05)
         assert s.host_pids() == [], "processes left in the sandbox's pid namespace after cleanup"
     else:
-        from tasks.rollout.sandbox.docker_backend import LABEL, _client
+        from tasks.environments.sandbox.docker_backend import LABEL, _client
 
         left = _client(None).containers.list(all=True, filters={"label": f"{LABEL}.id={s.id}"})
         assert left == [], f"container left after cleanup: {left}"

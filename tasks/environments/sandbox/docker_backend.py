@@ -1,7 +1,7 @@
 """docker backend: one container per episode, driven through the docker SDK.
 
-The container (image :func:`~tasks.rollout.sandbox.image.image_tag`, built by
-``scripts/setup-docker.sh``, or ``sandbox.docker_image``) runs the exec server (``server.py``) as
+The container (image :func:`~tasks.environments.sandbox.image.image_tag`, built by
+``scripts/setup-docker.sh``, or ``sandbox.docker_image``) runs the exec server (``exec_server.py``) as
 its process 1, as uid/gid 65534, and the host talks to it over the container's attached
 stdin/stdout (docker's multiplexed stream framing). Settings: ``network_mode="none"``, a read-only
 root filesystem, size-capped tmpfs at ``/app`` (``workdir_mb``, owner 65534) and ``/tmp``
@@ -28,7 +28,7 @@ import time
 import uuid
 
 from tasks.config import SandboxConfig
-from tasks.rollout.sandbox.base import NOBODY, SANDBOX_WORKDIR, SERVER_SOURCE, SandboxError, ServerSandbox, server_config
+from tasks.environments.sandbox.base import NOBODY, SANDBOX_WORKDIR, SERVER_SOURCE, SandboxError, ServerSandbox, server_config
 
 LABEL = "harnessrl.sandbox"
 _clients: dict[str | None, object] = {}
@@ -45,7 +45,7 @@ def _client(host: str | None):  # noqa: ANN202 - docker.DockerClient
         except ImportError as e:  # pragma: no cover - pinned dependency
             raise SandboxError("sandbox.backend=docker needs the python package 'docker' (pip install docker==7.2.0)") from e
         try:
-            from tasks.rollout.sandbox.image import docker_client
+            from tasks.environments.sandbox.image import docker_client
 
             client = docker_client(host)
         except docker.errors.DockerException as e:
@@ -102,7 +102,7 @@ class DockerSandbox(ServerSandbox):
         if cfg.docker_image is not None:
             image = cfg.docker_image
         else:
-            from tasks.rollout.sandbox.image import image_tag
+            from tasks.environments.sandbox.image import image_tag
 
             image = image_tag()
         try:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
+from tasks.environments.errors import BrowserError
 
-class BrowserError(RuntimeError):
-    """The browser itself failed (could not start, crashed): an infrastructure error."""
+__all__ = ["BrowserError", "BrowserFactory", "BrowserSession", "open_browser", "register_browser"]
 
 
 class BrowserSession(Protocol):
@@ -54,12 +54,13 @@ def register_browser(verifier_kind: str) -> Callable[[BrowserFactory], BrowserFa
 def open_browser(task: dict[str, Any], seed: int) -> BrowserSession:
     """A started session for ``task`` (a ``tasks`` row with ``environment == "browser"``).
 
+    A factory is registered when its module is imported (a suite imports its own browser, e.g.
+    :mod:`tasks.records.suites.miniwob`); the caller imports the suites first
+    (:func:`tasks.records.suites.base.import_suite_modules`, as the episode loop does).
+
     Raises:
         BrowserError: no browser factory for the task's verifier kind, or the browser cannot start.
     """
-    from tasks.records.suites.base import import_suite_modules
-
-    import_suite_modules()
     fn = _FACTORIES.get(task["verifier_kind"])
     if fn is None:
         raise BrowserError(f"task {task['task_id']!r}: no browser for verifier kind {task['verifier_kind']!r}; "

@@ -9,11 +9,11 @@ capabilities, ``no_new_privs``. Inside, everything runs as uid/gid 65534; when t
 is root, bwrap itself is started as host uid 65534 too (so the sandbox's uid maps to the host's
 ``nobody``, never to root). ``--die-with-parent`` ends the tree if the host process dies.
 
-The exec server (``server.py``) is the namespace's process 1 (``--as-pid-1``); requests go over
+The exec server (``exec_server.py``) is the namespace's process 1 (``--as-pid-1``); requests go over
 bwrap's stdin/stdout pipes, and replies are waited for with ``poll(2)`` (a ``PollSelector``
 registered once per sandbox), which takes any descriptor number: ``select(2)`` refused the pipes
 of the sandboxes opened once the process held 1,024 descriptors. A sandbox holds 3 descriptors in
-the host process (``tasks/rollout/sandbox/limits.py``). Memory is bounded per process (RLIMIT_AS)
+the host process (``tasks/environments/sandbox/limits.py``). Memory is bounded per process (RLIMIT_AS)
 and by the tmpfs sizes; no cgroup bounds the sum over processes (at most ``max_procs`` of them):
 see the README's sandbox section. :meth:`BwrapSandbox.cleanup` SIGKILLs bwrap; the kernel then
 kills every process of the pid namespace and frees the tmpfs with the mount namespace. No host
@@ -31,7 +31,7 @@ import tempfile
 import time
 
 from tasks.config import SandboxConfig
-from tasks.rollout.sandbox.base import (
+from tasks.environments.sandbox.base import (
     NOBODY,
     SANDBOX_SITE,
     SANDBOX_WORKDIR,

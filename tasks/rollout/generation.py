@@ -6,19 +6,22 @@ its token ids and the sampler's log-probs), :func:`trim_completion` (the cut at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Generation:
     """One completion: ``token_ids`` (ends with EOS when ``finish_reason == "stop"``),
-    ``logprobs`` (float, nats, one per token, under the processed sampling distribution)."""
+    ``logprobs`` (float, nats, one per token, under the processed sampling distribution).
+    ``state``: what an engine that takes ``states`` (the ``hf`` engine) keeps of this row for the
+    episode's next turn when asked to (``keep_states``), else None; never stored in an artifact."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     text: str
+    state: Any = field(default=None, compare=False, repr=False)
 
 
 def trim_completion(tokens: list[int], logprobs: list[float], eos_id: int) -> tuple[list[int], list[float], str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.harnesses.topology import build_topology
-from tasks.talkmesh.protocol import MeshSettings, Output, Problem, run_mesh, weighted_vote
+from tasks.talkmesh.topology import build_topology
+from tasks.talkmesh.mesh import MeshSettings, Output, Problem, run_mesh, weighted_vote
 
 P = Problem("p0", "What is 2 + 3?")
 RIGHT = "5"

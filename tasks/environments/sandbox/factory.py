@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tasks.config import SandboxConfig
-from tasks.rollout.sandbox.base import Sandbox
-from tasks.harnesses.sandbox_errors import SandboxError
+from tasks.environments.sandbox.base import Sandbox
+from tasks.environments.errors import SandboxError
 
 
 def make_sandbox(cfg: SandboxConfig) -> Sandbox:
@@ -15,11 +15,11 @@ def make_sandbox(cfg: SandboxConfig) -> Sandbox:
             is missing: the bwrap binary, the docker daemon, the sandbox image).
     """
     if cfg.backend == "bwrap":
-        from tasks.rollout.sandbox.bwrap import BwrapSandbox
+        from tasks.environments.sandbox.bwrap import BwrapSandbox
 
         return BwrapSandbox(cfg)
     if cfg.backend == "docker":
-        from tasks.rollout.sandbox.docker_backend import DockerSandbox
+        from tasks.environments.sandbox.docker_backend import DockerSandbox
 
         return DockerSandbox(cfg)
     raise SandboxError(f"sandbox.backend={cfg.backend!r} is not available")

@@ -1,4 +1,4 @@
-"""tasks/rollout/sandbox/docker_backend.remove_orphans: a sandbox container whose owner process of
+"""tasks/environments/sandbox/docker_backend.remove_orphans: a sandbox container whose owner process of
 this host is gone is removed; one whose owner lives, or of another host, stays; a container that
 disappears while the listing is read is no error (two processes on one host list at once)."""
 
@@ -14,8 +14,8 @@ from tests.facilities import docker_missing, require
 
 def test_removes_only_the_containers_of_dead_owners_of_this_host():
     require("sandbox backend docker", docker_missing())
-    from tasks.rollout.sandbox.docker_backend import LABEL, remove_orphans
-    from tasks.rollout.sandbox.image import docker_client, image_tag
+    from tasks.environments.sandbox.docker_backend import LABEL, remove_orphans
+    from tasks.environments.sandbox.image import docker_client, image_tag
 
     client = docker_client(None)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -41,8 +41,8 @@ def test_a_container_removed_during_the_listing_is_no_error(monkeypatch):
     process's sandbox, removed in between): the cleanup goes on. Docker SDK's high-level
     ``containers.list`` inspects every listed id and raised NotFound here."""
     require("sandbox backend docker", docker_missing())
-    from tasks.rollout.sandbox.docker_backend import LABEL, remove_orphans
-    from tasks.rollout.sandbox.image import docker_client
+    from tasks.environments.sandbox.docker_backend import LABEL, remove_orphans
+    from tasks.environments.sandbox.image import docker_client
 
     client = docker_client(None)
     real = client.api.containers

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tasks.config import SandboxConfig
-from tasks.rollout.sandbox import ExecResult, SandboxError, SandboxPathError, make_sandbox
+from tasks.environments.sandbox import ExecResult, SandboxError, SandboxPathError, make_sandbox
 from tests.facilities import bwrap_missing, docker_missing, require
 
 LIMITS = dict(wall_s=3, cpu_s=2, memory_mb=256, output_bytes=2000, max_procs=32, workdir_mb=16, tmp_mb=16)

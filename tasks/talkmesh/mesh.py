@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from tasks.harnesses.topology import Topology, build_topology
+from tasks.talkmesh.topology import Topology, build_topology
 
 
 @dataclass(frozen=True)

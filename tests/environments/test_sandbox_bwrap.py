@@ -9,7 +9,7 @@ import tempfile
 import pytest
 
 from tasks.config import SandboxConfig
-from tasks.rollout.sandbox import SandboxError, make_sandbox
+from tasks.environments.sandbox import SandboxError, make_sandbox
 from tests.facilities import bwrap_missing, require
 
 

@@ -19,7 +19,7 @@ import pytest
 from tasks.config import SandboxConfig
 from tasks.harnesses.tools import IMPLS
 from tasks.rollout.harness import EpisodeEnv
-from tasks.rollout.sandbox.limits import (FD_HEADROOM, FDS_PER_SANDBOX, HostLimitError, ensure_descriptors,
+from tasks.environments.sandbox.limits import (FD_HEADROOM, FDS_PER_SANDBOX, HostLimitError, ensure_descriptors,
                                           episode_sandboxes, open_descriptors, planned_sandboxes)
 from tests.facilities import bwrap_missing, require
 
@@ -82,7 +82,7 @@ def test_a_plan_the_hard_limit_cannot_hold_is_refused_in_one_line():
     # in a child: lowering the hard limit cannot be undone
     code = textwrap.dedent("""
         import resource
-        from tasks.rollout.sandbox.limits import HostLimitError, ensure_descriptors, open_descriptors
+        from tasks.environments.sandbox.limits import HostLimitError, ensure_descriptors, open_descriptors
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
         now = open_descriptors()
         try:
@@ -129,7 +129,7 @@ def test_a_sandbox_holds_its_counted_descriptors_and_no_more_across_calls():
     """What the plan counts per sandbox (FDS_PER_SANDBOX) is what one holds; its waits hold none
     per call (no selector leaked per call), and cleanup gives every one back."""
     require("bubblewrap", bwrap_missing())
-    from tasks.rollout.sandbox import make_sandbox
+    from tasks.environments.sandbox import make_sandbox
 
     before = open_descriptors()
     sbx = make_sandbox(SandboxConfig(wall_s=5, cpu_s=2))
@@ -156,7 +156,7 @@ def test_run_records_refuses_a_plan_the_hard_limit_cannot_hold_before_any_episod
         from tasks.harnesses.spec import HarnessSpec
         from tasks.records.freeze import freeze_tables
         from tasks.rollout.runner import run_records
-        from tasks.rollout.sandbox.limits import HostLimitError
+        from tasks.environments.sandbox.limits import HostLimitError
 
         class Untouched:
             policy_id = "p"

@@ -2,8 +2,7 @@
 
 The ``mesh`` section's validation builds the graph once to refuse an impossible ``degree``
 (:class:`tasks.talkmesh.harness_block.MeshSpec`, registered with the TalkMesh application); the
-protocol (:mod:`tasks.talkmesh.protocol`) builds it for every problem. Nothing in the cores uses
-it any more: it can move into the application (left here while issue 54's layer moves land).
+mesh (:mod:`tasks.talkmesh.mesh`) builds it for every problem.
 """
 
 from __future__ import annotations

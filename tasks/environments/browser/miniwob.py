@@ -58,7 +58,7 @@ import tempfile
 import time
 from typing import Any
 
-from tasks.rollout.browser import BrowserError, register_browser
+from tasks.environments.browser import BrowserError, register_browser
 
 # Longest delay setTimeout accepts (ms); larger values overflow and fire at once.
 _NO_TIME_LIMIT_MS = 2**31 - 1

@@ -3,14 +3,14 @@
 ``infra/sandbox/rootfs.toml`` names an interpreter, its standard library, commands, symlinks and
 small files; :func:`collect` turns it into a list of root-filesystem entries (adding every shared
 library the programs load, as ``ldd`` reports, and the symlinks along each path), plus the pytest
-site (:func:`~tasks.rollout.sandbox.base.sandbox_site`) at ``/opt/harnessrl/site``.
+site (:func:`~tasks.environments.sandbox.base.sandbox_site`) at ``/opt/harnessrl/site``.
 :func:`image_tag` hashes the entries (paths, modes, link targets, file contents) and the image
 settings: ``harnessrl-sandbox:<16 hex digits>``, so any change of an input gives a new tag and
 an unchanged checkout reuses the built image. :func:`build_image` writes a deterministic tar
 (sorted, owner root, setuid/setgid bits cleared, source mtimes kept so the stdlib's .pyc files
 stay valid) and imports it (``docker import``) unless the tag exists.
 
-CLI: ``python -m tasks.rollout.sandbox.image tag|build [--docker-host URL]``.
+CLI: ``python -m tasks.environments.sandbox.image tag|build [--docker-host URL]``.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def collect(site: Path | None = None, *, libraries: bool = True) -> list[Entry]:
     ``ldd`` run over all of them, a few seconds). Raises ImageError when a program or folder the
     manifest names is missing on this machine.
     """
-    from tasks.rollout.sandbox.base import sandbox_site
+    from tasks.environments.sandbox.base import sandbox_site
 
     m = tomllib.loads(MANIFEST.read_text())
     c = _Collector()
@@ -267,7 +267,7 @@ def main(argv: list[str]) -> int:
     """CLI: ``tag`` prints the tag; ``build`` builds it when absent (``--force``: always)."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m tasks.rollout.sandbox.image")
+    ap = argparse.ArgumentParser(prog="python -m tasks.environments.sandbox.image")
     ap.add_argument("command", choices=["tag", "build"])
     ap.add_argument("--docker-host", default=None)
     ap.add_argument("--force", action="store_true")

@@ -1,5 +1,5 @@
 """The sandbox interface (exec, write_file, read_file, cleanup), its result type, and the host
-side of the exec server that both backends run inside the sandbox (``server.py``).
+side of the exec server that both backends run inside the sandbox (``exec_server.py``).
 
 One sandbox per episode: a backend starts one isolated environment (a bubblewrap process tree or
 a docker container) whose process 1 is the exec server; files under the work dir ``/app`` persist
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from tasks.config import SandboxConfig
-from tasks.harnesses.sandbox_errors import SandboxError, SandboxPathError
+from tasks.environments.errors import SandboxError, SandboxPathError
 
 ExecStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "disk_limit", "output_limit", "killed"]
-"""How an exec ended; the exact rules are in ``server.py``'s module docstring:
+"""How an exec ended; the exact rules are in ``exec_server.py``'s module docstring:
 
 - ``ok``: exit code 0.
 - ``error``: non-zero exit not explained by a limit (including a command that cannot be run: 127).
@@ -40,7 +40,7 @@ ExecStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "dis
 SANDBOX_WORKDIR = "/app"  # Terminal-Bench's convention: tasks and tests use absolute /app paths
 SANDBOX_SITE = "/opt/harnessrl/site"
 NOBODY = 65534
-SERVER_SOURCE = (Path(__file__).with_name("server.py")).read_text()
+SERVER_SOURCE = (Path(__file__).with_name("exec_server.py")).read_text()
 _KILL_NOTES = {
     "timeout": "[killed: time limit]",
     "cpu_limit": "[killed: CPU time limit]",

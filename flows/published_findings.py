@@ -21,6 +21,8 @@ from tasks.evaluate.seal import SealError
 FIGURES = ("pass_rate_heatmap", "learning_curves", "learning_vs_step", "ceiling_vs_return", "step_failures")
 # beside findings.jsonl: one row per training arm of each published run (stability, KL bias, pass@1)
 ARMS_FILE = "findings_arms.jsonl"
+# beside findings.jsonl: P1's R^2 and rank correlations of C, M, C - M per run with p1 findings (not verdicts)
+P1_CORRELATIONS_FILE = "findings_p1_correlations.jsonl"
 # the numbers of a row that come from the run's eval_findings table, compared by verify
 ROW_NUMBERS = ("estimate", "ci_low", "ci_high", "n", "verdict", "control")
 # rule-2 fields (issue 50: the control's interval, training seeds), compared by verify where a row has them
@@ -169,6 +171,21 @@ def check_published(store: ArtifactStore, findings_file: Path, config_hash: str,
                 raise SealError(f"{findings_file}:{i}: {k}={row.get(k)!r}, recomputed {want[k]!r}")
         n += 1
     return Published(n, other)
+
+
+def p1_correlation_rows(store: ArtifactStore, run: str, plan_hash: str | None) -> list[dict[str, Any]]:
+    """P1's correlations table of a verified run (call after :func:`finding_rows`): the rows of
+    :func:`tasks.evaluate.p1_correlations.p1_correlation_table` over the sealed evaluation rows and
+    plan, each with ``run`` (the run folder's label) and ``plan_hash`` (which run of the config).
+    Empty when the plan has no ``p1_predictor_gap`` finding. Descriptive: no verdict, and
+    ``harnessrl verify`` does not compare these rows (they recompute from the same sealed files)."""
+    from tasks.evaluate.p1_correlations import p1_cell_sets, p1_correlation_table
+
+    plan = store.read_json("evaluate/plan.json")
+    if not p1_cell_sets(plan):
+        return []
+    return [{"run": run, "plan_hash": plan_hash, **r}
+            for r in p1_correlation_table(store.rows(("evaluate", "evaluations")), plan)]
 
 
 def copy_figures(run_dir: Path, out_dir: Path, prefix: str) -> list[Path]:

@@ -1,10 +1,10 @@
-"""The sandbox's exceptions, in a module of their own below the sandbox package
-(:mod:`tasks.rollout.sandbox`): the harness tools and the episode loop raise and catch them without
-importing a backend, the configuration or the rollout package."""
+"""The environments' exceptions (the sandbox's and the browser's), in a module that imports
+nothing: the harness tools (:mod:`tasks.harnesses.tools`) and the episode loop raise and catch them
+without importing a backend, the configuration or the rollout package."""
 
 from __future__ import annotations
 
-__all__ = ["SandboxError", "SandboxPathError"]
+__all__ = ["BrowserError", "SandboxError", "SandboxPathError"]
 
 
 class SandboxError(RuntimeError):
@@ -15,3 +15,7 @@ class SandboxError(RuntimeError):
 class SandboxPathError(ValueError):
     """A ``write_file``/``read_file`` path the sandbox refuses: absolute, with ``..``, through a
     symlink, not a regular file, or larger than the read limit. The message names the path."""
+
+
+class BrowserError(RuntimeError):
+    """The browser itself failed (could not start, crashed): an infrastructure error."""

@@ -17,7 +17,7 @@ sandbox section):
   server) and 7 MiB of the host's MemAvailable with the kernel's namespace structures (1,000
   sandboxes on an AMD EPYC host, the benchmark's row), plus what the task writes to its tmpfs;
   an exec adds its own processes, at most ``sandbox.parallel`` of them running at once per shard.
-  Not checked here: no cgroup bounds the sum (see :mod:`tasks.rollout.sandbox.bwrap`).
+  Not checked here: no cgroup bounds the sum (see :mod:`tasks.environments.sandbox.bwrap`).
 """
 
 from __future__ import annotations
