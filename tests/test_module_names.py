@@ -46,6 +46,8 @@ ALLOWED: dict[str, str] = {
     # the application registry (tasks/registries holds the registries), and the one list of the
     # modules that register into it
     "applications.py": "tasks/registries tasks",
+    # each application's hooks into harnessrl verify and harnessrl findings (owns_run, verify, findings)
+    "publish.py": "tasks/bipa tasks/talkmesh",
     # tasks/config names each module for what it configures (run.py: the whole run);
     # tasks/talkmesh/run.py runs the application (its entry point's name is the apps branch's)
     "run.py": "tasks/config tasks/talkmesh",

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.bipa.findings_config import BipaFindings
 from tasks.bipa.replay import AcceptRule
 from tasks.config import PolicyConfig, RunConfig, load_config
 from tasks.harnesses.spec import SamplingSpec
@@ -28,7 +29,8 @@ class BipaConfig(BaseModel):
     score. ``accept``: the acceptance rule. ``proposer``: the engine that writes rewrites (None:
     the policy itself); ``proposer_sampling``: its sampler. ``max_skill_chars``: a proposal is cut
     to this many characters at a line end. ``bootstrap``: resamples for the selection-effect
-    interval.
+    interval. ``findings``: the sealed, pre-registered measurement
+    (:mod:`tasks.bipa.findings_config`); a config with it runs :mod:`tasks.bipa.sealed_run`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -44,6 +46,7 @@ class BipaConfig(BaseModel):
                                                                                  max_new_tokens=160))
     max_skill_chars: int = Field(default=1500, ge=16)
     bootstrap: int = Field(default=1000, ge=0, le=1_000_000)
+    findings: BipaFindings | None = None
 
 
 class BipaRunConfig(RunConfig):
@@ -54,6 +57,15 @@ class BipaRunConfig(RunConfig):
     @model_validator(mode="after")
     def _check_bipa(self) -> "BipaRunConfig":
         self.seed_harness_name()
+        if self.bipa.findings is not None:
+            if not self.split.disjoint:
+                raise ValueError("split.disjoint=False: a findings config (bipa.findings) needs split.disjoint: true")
+            lax = [s.name for s in self.suites if s.reward != "exact"]
+            if lax:
+                raise ValueError(f"suites {lax}: a findings config (bipa.findings) needs reward: exact")
+            if self.policy.engine != "vllm":
+                raise ValueError(f"policy.engine={self.policy.engine!r}: bipa.findings replays with common random "
+                                 "numbers, which need per-request seeds (policy.engine: vllm)")
         return self
 
     def seed_harness_name(self) -> str:
@@ -77,12 +89,13 @@ class BipaRunConfig(RunConfig):
                          "(e.g. react-python-skill) or set bipa.harness")
 
 
-def load_bipa_config(path: str | Path, overrides: dict[str, Any] | None = None) -> BipaRunConfig:
-    """Load and validate a BiPA run config from YAML (``overrides`` as in
+def load_bipa_config(path: str | Path, overrides: dict[str, Any] | None = None, *, quick: bool = False
+                     ) -> BipaRunConfig:
+    """Load and validate a BiPA run config from YAML (``overrides`` and ``quick`` as in
     :func:`tasks.config.load_config`).
 
     Raises:
         ConfigError: missing file, not YAML, not a mapping, or a validation failure (names the
             file, key path and value).
     """
-    return load_config(path, overrides, model=BipaRunConfig)  # type: ignore[return-value]
+    return load_config(path, overrides, model=BipaRunConfig, quick=quick)  # type: ignore[return-value]

@@ -68,3 +68,40 @@ BIPA_GRAPH_METRICS = register_contract(Contract(
      ("between", "turn_skill_coverage", 0.0, 1.0)],
     "P2 episode-graph metrics per arm (seed, learned) and score set.",
 ))
+
+BIPA_SEALED = register_contract(Contract(
+    "bipa_sealed", 1,
+    _s(("kind", pa.string()), ("name", pa.string()), ("arm", pa.string()), ("opt_seed", pa.int64()),
+       ("round", pa.int32()), ("parent", pa.string()), ("skill", pa.string()), ("skill_sha256", pa.string()),
+       ("harness_id", pa.string()), ("score_set", pa.string()), ("task_id", pa.string()), ("sample", pa.int32()),
+       ("reward", pa.float64()), ("success", pa.bool_()), ("status", pa.string()), ("input_tokens", pa.int64()),
+       ("turns", pa.int32()), ("seq", pa.int64()), ("plan_hash", pa.string()), ("prev_hash", pa.string()),
+       ("seal_hash", pa.string())),
+    [("unique", "seq"), ("unique", "seal_hash"), ("in_set", "kind", ["candidate", "episode"])],
+    "P2 sealed rows (tasks/bipa/sealed_run.py): candidate rows (the seed, the hand-written pool, the placebo, the "
+    "rewrites with their text) and one episode row per (set, harness, task, sample), hash-chained to bipa/plan.json.",
+))
+
+BIPA_FINDINGS = register_contract(Contract(
+    "bipa_findings", 1,
+    _s(("name", pa.string()), ("paper", pa.string()), ("headline", pa.string()), ("measure", pa.string()),
+       ("arm", pa.string()), ("score_set", pa.string()), ("claim", pa.string()), ("margin", pa.float64()),
+       ("estimate", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("level", pa.float64()),
+       ("n", pa.int32()), ("n_candidates", pa.int32()), ("optimizer_seeds", pa.int32()), ("learned", pa.string()),
+       ("interval", pa.string()), ("control", pa.float64()), ("control_ci_low", pa.float64()),
+       ("control_ci_high", pa.float64()), ("seed", pa.int64()), ("rule", pa.int32()), ("verdict", pa.string()),
+       ("reason", pa.string())),
+    [("unique", "name"), ("not_null", "verdict")],
+    "P2 pre-registered findings recomputed from bipa_sealed (tasks/bipa/claims.py); estimate None = n/a (reason).",
+))
+
+BIPA_GAINS = register_contract(Contract(
+    "bipa_gains", 1,
+    _s(("name", pa.string()), ("arm", pa.string()), ("opt_seed", pa.int64()), ("round", pa.int32()),
+       ("parent", pa.string()), ("decision", pa.string()), ("gain_selection", pa.float64()),
+       ("gain_fresh", pa.float64()), ("gain_test", pa.float64()), ("input_tokens_test", pa.float64()),
+       ("turns_test", pa.float64())),
+    [("unique", "name")],
+    "P2: per scored candidate, its mean gain over its parent on each set and its test input tokens and turns "
+    "per episode minus its parent's (descriptive; the placebo's row is the null's figure).",
+))

@@ -148,8 +148,9 @@ class _SharedPolicy:
         self.tokenizer = copy.deepcopy(policy.tokenizer)
 
     def generate(self, prompts: list[list[int]], sampling: Any, seed: int, **states: Any) -> Any:
-        """The policy's ``generate``; ``states``/``keep_states`` passed on when given (the harness
-        gives them only to a policy whose ``generate`` takes them: :func:`tasks.rollout.harness.takes_states`)."""
+        """The policy's ``generate``; ``states``/``keep_states`` (the harness gives them only to a
+        policy whose ``generate`` takes them: :func:`tasks.rollout.harness.takes_states`) and
+        ``request_seeds`` (common random numbers) passed on when given."""
         with _GENERATE_LOCK:
             return self._policy.generate(prompts, sampling, seed, **states)
 
@@ -218,11 +219,14 @@ def episode_jobs(records: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
                  tag: str, policy_id: str) -> list[Any]:
     """The ``EpisodeJob`` list of ``records`` (in the given order) x ``samples``: episode id =
     ``sha256_json([record_id, tag, policy_id, sample, seed])[:32]``, episode seed =
-    ``seed_from(seed, record_id, sample)``. Neither depends on the shard layout."""
+    ``seed_from(seed, record_id, sample)``. Neither depends on the shard layout. A record with a
+    ``noise_key`` (common random numbers) gives its jobs ``noise_seed = seed_from(seed, noise_key,
+    sample)``: records of two harnesses with the same key draw the same sampler noise."""
     from tasks.rollout.harness import EpisodeJob
 
     return [EpisodeJob(sha256_json([r["record_id"], tag, policy_id, i, seed])[:32], r, tasks[r["task_id"]], i,
-                       seed_from(seed, r["record_id"], i))
+                       seed_from(seed, r["record_id"], i),
+                       seed_from(seed, r["noise_key"], i) if r.get("noise_key") else None)
             for r in records for i in range(samples)]
 
 

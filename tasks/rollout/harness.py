@@ -82,6 +82,7 @@ class EpisodeJob:
     task: dict[str, Any]
     sample_idx: int
     seed: int
+    noise_seed: int | None = None  # common random numbers: set when the record has a noise_key
 
 
 class EpisodeEnv:
@@ -384,6 +385,26 @@ class _Sampled:
             self.report(k)
 
 
+def request_seeds(jobs: list[EpisodeJob], turn: int, policy: Any) -> list[int] | None:
+    """Common random numbers: per request, ``seed_from(job.noise_seed, turn)`` when the jobs carry
+    noise seeds (records with a ``noise_key``), so two harnesses' episodes of the same (task,
+    sample) draw the same sampler noise at each turn; None when no job carries one.
+
+    Raises:
+        ValueError: some jobs carry a noise seed and some do not, or the policy cannot take
+            per-request seeds (``request_seeds_supported``; the vLLM engine can).
+    """
+    keyed = [j.noise_seed is not None for j in jobs]
+    if not any(keyed):
+        return None
+    if not all(keyed):
+        raise ValueError("request_seeds: a batch mixes records with and without a noise_key")
+    if not getattr(policy, "request_seeds_supported", False):
+        raise ValueError(f"request_seeds: the policy {type(policy).__name__} cannot take per-request seeds, so records "
+                         "with a noise_key (common random numbers) cannot run on it (use policy.engine: vllm)")
+    return [seed_from(j.noise_seed, turn) for j in jobs]  # type: ignore[arg-type]
+
+
 def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sandbox_cfg: SandboxConfig,
                  *, seed: int, on_turns: Callable[[int], None] | None = None
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -453,15 +474,18 @@ def run_episodes(policy: Policy, spec: HarnessSpec, jobs: list[EpisodeJob], sand
             if not active:
                 break
             turn_seed = seed_from(seed, spec.harness_id, turn, [e.job.episode_id for e in active])
+            crn = request_seeds([e.job for e in active], turn, policy)
             # requests the engine reports finished move the bar within the batch: one slot each
             sampled = _Sampled(report, len(active))
             t_start = time.time()
             with on_requests_done(sampled):
+                extra = {} if crn is None else {"request_seeds": crn}
                 if stateful:  # each episode's previous turn's keys and values; kept unless it is the last turn
                     gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed,
-                                           states=[e.state for e in active], keep_states=turn < spec.max_turns - 1)
+                                           states=[e.state for e in active], keep_states=turn < spec.max_turns - 1,
+                                           **extra)
                 else:
-                    gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed)
+                    gens = policy.generate([e.prompt for e in active], spec.sampling, turn_seed, **extra)
             t_end = time.time()
             for e in active:
                 e.turn_times.append([t_start, t_end, float(len(active))])

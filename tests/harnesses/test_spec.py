@@ -5,9 +5,9 @@ from tasks.harnesses.spec import HarnessError, load_harness
 
 
 SHIPPED = ["agent-submit", "aider-like", "answer-tag", "answer-tag-1shot", "answer-tag-2shot", "boxed", "calculator",
-           "calculator-demo", "direct", "json-answer", "openhands-like", "python-demo", "qwen-code-like", "react-python",
-           "react-python-skill", "react-python-skill-file", "swe-agent-like", "talkmesh", "think-answer", "web-react",
-           "worked-answer"]
+           "calculator-demo", "direct", "json-answer", "openhands-like", "python-demo", "python-demo-skill",
+           "qwen-code-like", "react-python", "react-python-skill", "react-python-skill-file", "swe-agent-like",
+           "talkmesh", "think-answer", "web-react", "worked-answer"]
 
 
 def test_every_shipped_family_loads_with_its_loop_and_format():
@@ -28,6 +28,7 @@ def test_every_shipped_family_loads_with_its_loop_and_format():
         "json-answer": ("final_answer", "single_turn"),
         "openhands-like": ("fenced_code", "codeact"),
         "python-demo": ("fenced_code", "react"),
+        "python-demo-skill": ("fenced_code", "react"),
         "qwen-code-like": ("function_call", "react"),
         "react-python": ("fenced_code", "react"),
         "react-python-skill": ("fenced_code", "react"),

@@ -328,10 +328,14 @@ class VLLMPolicy:
                 self.close()
                 raise
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> list[Generation]:
+    request_seeds_supported = True
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int,
+                 request_seeds: list[int] | None = None) -> list[Generation]:
         """Sample one completion per prompt (token-id lists) in one vLLM call; prompt ``i`` gets
-        the per-request seed ``seed_from(seed, i)``, so the result depends on (weights, prompts,
-        sampling, seed) only. vLLM stops at the tokenizer's EOS (kept in the completion) or after
+        the per-request seed ``seed_from(seed, i)`` (or ``request_seeds[i]`` when given: common
+        random numbers across calls), so the result depends on (weights, prompts, sampling, seed)
+        only. vLLM stops at the tokenizer's EOS (kept in the completion) or after
         ``sampling.max_new_tokens`` tokens (or at ``max_model_len``).
 
         Progress: requests are reported to :func:`tasks.progress.requests_done` as the worker
@@ -349,7 +353,7 @@ class VLLMPolicy:
             if not p or len(p) >= self.max_model_len:
                 raise EngineError(f"prompt {i}: {len(p)} tokens; needs 1 to {self.max_model_len - 1} "
                                   f"(policy.vllm.max_model_len={self.max_model_len})")
-        req = self.generate_request(prompts, sampling, seed)
+        req = self.generate_request(prompts, sampling, seed, request_seeds)
         seen = [0]
 
         def moved(done: int) -> None:
@@ -364,11 +368,18 @@ class VLLMPolicy:
         return [to_generation("vllm", o["token_ids"], o["logprobs"], o["finish_reason"], self.eos_id,
                               sampling.max_new_tokens, self.tokenizer) for o in outs]
 
-    def generate_request(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int) -> dict[str, Any]:
-        """The worker's ``generate`` request for these arguments (see :mod:`.vllm_worker`)."""
+    def generate_request(self, prompts: list[list[int]], sampling: SamplingSpec, seed: int,
+                         request_seeds: list[int] | None = None) -> dict[str, Any]:
+        """The worker's ``generate`` request for these arguments (see :mod:`.vllm_worker`).
+
+        Raises:
+            EngineError: ``request_seeds`` of another length than ``prompts``."""
+        if request_seeds is not None and len(request_seeds) != len(prompts):
+            raise EngineError(f"vllm: {len(request_seeds)} request_seeds for {len(prompts)} prompts")
         return {
             "op": "generate", "prompts": [[int(t) for t in p] for p in prompts],
-            "seeds": [seed_from(seed, i) for i in range(len(prompts))],
+            "seeds": [seed_from(seed, i) for i in range(len(prompts))] if request_seeds is None else
+            [int(s) % 2**63 for s in request_seeds],
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
             "max_tokens": sampling.max_new_tokens, "stop_token_ids": [self.eos_id], "adapter": self.adapter_dir,
             "progress_every_s": self.progress_every_s,
