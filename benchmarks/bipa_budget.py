@@ -29,18 +29,23 @@ from benchmarks.findings_budget import unit_costs  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("config")
+    ap.add_argument("config", nargs="?")
     ap.add_argument("--quick", action="store_true", help="the config's --quick sizes")
+    ap.add_argument("--smoke", action="store_true", help="configs/p2-findings.yaml --quick, its row appended")
     ap.add_argument("--measured", type=Path, help="a finished run folder of a BiPA findings config")
     ap.add_argument("--append", action="store_true", help="append the row to benchmarks/results/bipa_budget.jsonl")
     args = ap.parse_args()
+    if args.smoke:
+        args.config, args.quick, args.append = "configs/p2-findings.yaml", True, True
+    if not args.config:
+        ap.error("name a config (or --smoke)")
     from tasks.bipa.budget import planned_work
     from tasks.bipa.config import load_bipa_config
 
     cfg = load_bipa_config(args.config, quick=args.quick)
     w = planned_work(cfg)
     unit = unit_costs()["sample_tool"]
-    out = {"config": args.config, "quick": args.quick, **w, "s_per_episode_p6": round(unit, 3),
+    out = {"config": args.config, "quick": args.quick, "smoke": args.smoke, **w, "s_per_episode_p6": round(unit, 3),
            "estimate_s": round(w["episodes"] * unit, 1), "estimate_min": round(w["episodes"] * unit / 60, 1)}
     if args.measured is not None:
         timing = json.loads((args.measured / "bipa" / "timing.json").read_text())

@@ -307,3 +307,17 @@ def test_cache_check(tmp_path):
     assert row["bytes"] == sum(s["bytes"] for s in row["stages"].values()) > 0
     assert row["first_s"] == pytest.approx(sum(s["first_s"] for s in row["stages"].values()), abs=1e-3)
     assert row["warm_s"] > 0 and row["warm_mb_per_s"] == pytest.approx(row["bytes"] / 1e6 / row["warm_s"], rel=0.01)
+
+
+def test_bipa_budget(tmp_path):
+    from tasks.bipa.config import load_bipa_config
+
+    row = run_smoke("bipa_budget", tmp_path)
+    cfg = load_bipa_config(ROOT / "configs/p2-findings.yaml", quick=True)
+    b, f = cfg.bipa, cfg.bipa.findings
+    # counted from the config here: the seed, the pool, the placebo and one rewrite per optimizer seed and round
+    candidates = 1 + len(f.edits) + 1 + len(f.rewrite_seeds) * f.rewrite_rounds
+    assert row["kind"] == "estimate" and row["quick"] is True and row["config"] == "configs/p2-findings.yaml"
+    assert row["candidates"] == candidates
+    assert row["episodes"] == candidates * (2 * b.selection_tasks + b.test_tasks) * b.samples
+    assert row["estimate_s"] == pytest.approx(row["episodes"] * row["s_per_episode_p6"], abs=0.05 * row["episodes"] + 0.1)

@@ -225,12 +225,16 @@ def test_a_findings_config_without_a_disjoint_split_is_refused_at_load_in_one_li
 def test_the_shipped_findings_configs_load_with_a_disjoint_split():
     from pathlib import Path
 
-    from tasks.talkmesh.config import load_talkmesh_config
+    from flows.check_commands import config_owner
 
     root = Path(__file__).resolve().parents[2]
+    owners = {}
     for p in sorted(root.glob("configs/*findings*.yaml")):
-        cfg = load_talkmesh_config(p) if "talkmesh" in p.name else load_config(p)
+        app = config_owner(p)  # an application's config (TalkMesh, BiPA) loads through its own loader
+        cfg = app.load_config(p, {}, False) if app is not None else load_config(p)
+        owners[p.stem] = app.name if app is not None else None
         assert cfg.split.disjoint, p
+    assert owners["talkmesh-findings"] == "talkmesh" and owners["p2-findings"] == "bipa" and owners["p4-findings-v2"] is None
 
 
 # ---- a sealed evaluation over seed checkpoints, end to end ----------------------------------------
