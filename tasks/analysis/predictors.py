@@ -33,31 +33,20 @@ from typing import Any
 import numpy as np
 
 from tasks.analysis.ceiling import _check_beta, kl_soft_ceiling_array, task_outcomes
-from tasks.evaluate.stats import pass_at_k
+from tasks.evaluate.stats import FLAT_TOL, MIN_POINTS, fit_na_reason, pass_at_k
 
 TARGETS = ("gain", "return")
 PREDICTORS = ("C", "C_kl_soft", "M", "M_step", "C_minus_M", "C_minus_M_step")
 STEP_PREDICTORS = ("M_step", "C_minus_M_step")
-MIN_POINTS = 5
-# Rates are measured in steps of 1 / (tasks x attempts) (>= 1e-5 for any evaluation that runs);
-# a predictor or target whose values span less than this is constant, not a measured difference.
-FLAT_TOL = 1e-6
 NOT_MEASURED_STEP = ("not measured: M_step needs the per-step branching of the reference checkpoint "
                      "(analyze.branching.episodes_per_harness > 0 with the reference in analyze.branching.checkpoints)")
 
 
 def na_reason(x: np.ndarray, y: np.ndarray, *, min_points: int = MIN_POINTS) -> str:
     """Why the R^2 of ``y`` on ``x`` (float64 arrays of shape [n], the defined points) is not
-    reported, or "" when it is: "" needs n >= ``min_points`` and both ranges (max - min) above
-    :data:`FLAT_TOL`. The reason is one line naming the count or the constant side."""
-    n = int(x.size)
-    if n < min_points:
-        return f"{n} point(s): an R^2 needs >= {min_points} (two points always fit a line exactly)"
-    if float(np.ptp(x)) <= FLAT_TOL:
-        return f"predictor constant over the {n} points (range {float(np.ptp(x)):.2g})"
-    if float(np.ptp(y)) <= FLAT_TOL:
-        return f"target constant over the {n} points (range {float(np.ptp(y)):.2g})"
-    return ""
+    reported, or "" when it is (:func:`tasks.evaluate.stats.fit_na_reason`: >= ``min_points``
+    points, neither side constant)."""
+    return fit_na_reason(x, y, min_points=min_points)
 
 
 def _ols_r2(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -37,30 +37,19 @@ import numpy as np
 from scipy.stats import rankdata
 
 from tasks.evaluate.findings import p1_cells
-from tasks.evaluate.stats import arm_members, graded_counts, pass_at_k
+from tasks.evaluate.stats import FLAT_TOL, MIN_POINTS, arm_members, fit_na_reason, graded_counts, pass_at_k
 from tasks.hashing import seed_from
 
 TARGETS = ("gain", "return")
 PREDICTORS = ("C", "M", "C_minus_M")
 STATS = ("r2", "r", "rho")
-# the n/a rule of the run report's R^2 table (tasks.analysis.predictors, a layer above this one):
-# fewer cells than this, or a side whose values span no more than FLAT_TOL (rates move in steps of
-# 1 / (tasks x attempts)), and a statistic is not reported
-MIN_CELLS = 5
-FLAT_TOL = 1e-6
+MIN_CELLS = MIN_POINTS  # the run report's R^2 table's rule (tasks.evaluate.stats.fit_na_reason)
 
 
 def na_reason(x: np.ndarray, y: np.ndarray) -> str:
     """Why the statistics of ``y`` on ``x`` (float64 ``[n]``, the cells with graded tasks) are not
-    reported, or "" when they are: one line naming the count or the constant side."""
-    n = int(x.size)
-    if n < MIN_CELLS:
-        return f"{n} cell(s): a correlation needs >= {MIN_CELLS} (two points always fit a line exactly)"
-    if float(np.ptp(x)) <= FLAT_TOL:
-        return f"predictor constant over the {n} cells (range {float(np.ptp(x)):.2g})"
-    if float(np.ptp(y)) <= FLAT_TOL:
-        return f"target constant over the {n} cells (range {float(np.ptp(y)):.2g})"
-    return ""
+    reported, or "" when they are (:func:`tasks.evaluate.stats.fit_na_reason`, counted in cells)."""
+    return fit_na_reason(x, y, unit="cell", statistic="a correlation")
 
 
 def correlations(x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:

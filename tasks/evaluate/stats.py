@@ -383,3 +383,28 @@ def contrast_table(rows: list[dict[str, Any]], plan: dict[str, Any], cells: list
                    mdd=None if seeded else min_detectable_difference(sd, len(common), alpha, m, power))
         out.append(row)
     return out
+
+
+#: fewest points (cells) a correlation or R^2 is reported on: two points always fit a line exactly,
+#: three or four leave one or two degrees of freedom
+MIN_POINTS = 5
+#: rates move in steps of 1 / (tasks x attempts) (>= 1e-5 for any evaluation that runs); a side whose
+#: values span no more than this is constant, not a measured difference
+FLAT_TOL = 1e-6
+
+
+def fit_na_reason(x: np.ndarray, y: np.ndarray, *, unit: str = "point", statistic: str = "an R^2",
+                  min_points: int = MIN_POINTS) -> str:
+    """Why a fit of ``y`` on ``x`` (float64 arrays ``[n]``, the defined points) is not reported,
+    or "" when it is: it needs n >= ``min_points`` and both ranges (max - min) above
+    :data:`FLAT_TOL`. The reason is one line naming the count (in ``unit``\ s) or the constant
+    side. Used by the run report's R^2 table (:mod:`tasks.analysis.predictors`) and P1's
+    correlation table (:mod:`tasks.evaluate.p1_correlations`)."""
+    n = int(x.size)
+    if n < min_points:
+        return f"{n} {unit}(s): {statistic} needs >= {min_points} (two points always fit a line exactly)"
+    if float(np.ptp(x)) <= FLAT_TOL:
+        return f"predictor constant over the {n} {unit}s (range {float(np.ptp(x)):.2g})"
+    if float(np.ptp(y)) <= FLAT_TOL:
+        return f"target constant over the {n} {unit}s (range {float(np.ptp(y)):.2g})"
+    return ""
