@@ -103,6 +103,21 @@ def score_spec(policy: Any, cfg: BipaRunConfig, spec: HarnessSpec, tasks: list[d
     return Scored({k: math.fsum(v) / len(v) for k, v in sorted(by_task.items())}, eps, turns)
 
 
+def seed_harness_spec(store: Any, frozen: dict[str, Any], cfg: Any) -> Any:
+    """The frozen :class:`~tasks.harnesses.spec.HarnessSpec` of the run's seed harness
+    (``cfg.seed_harness_name()``).
+
+    Raises:
+        ValueError: it is not among the frozen harnesses."""
+    from tasks.harnesses.frozen import harness_specs
+
+    name = cfg.seed_harness_name()
+    seed_spec = next((s for s in harness_specs(store, frozen["harnesses"]).values() if s.name == name), None)
+    if seed_spec is None:
+        raise ValueError(f"bipa: harness {name!r} is not among the frozen harnesses")
+    return seed_spec
+
+
 def _split_tasks(store: ArtifactStore, frozen: dict[str, ArtifactRef], cfg: BipaRunConfig
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     tasks = store.rows(frozen["tasks"])
@@ -134,15 +149,10 @@ def run_bipa(store: ArtifactStore, cfg: BipaRunConfig, frozen: dict[str, Artifac
         ValueError: too few train or test tasks for ``bipa.selection_tasks``/``test_tasks``; the
             seed harness is not among the frozen harnesses.
     """
-    from tasks.harnesses.frozen import harness_specs
-
     b = cfg.bipa
     proposer = proposer if proposer is not None else policy
     sel_tasks, test_tasks = _split_tasks(store, frozen, cfg)
-    name = cfg.seed_harness_name()
-    seed_spec = next((s for s in harness_specs(store, frozen["harnesses"]).values() if s.name == name), None)
-    if seed_spec is None:
-        raise ValueError(f"bipa: harness {name!r} is not among the frozen harnesses")
+    seed_spec = seed_harness_spec(store, frozen, cfg)
 
     # 1. optimize
     specs: dict[int, HarnessSpec] = {0: seed_spec}

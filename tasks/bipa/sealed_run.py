@@ -135,17 +135,13 @@ def run_sealed(store: Any, cfg: Any, frozen: dict[str, Any], policy: Any, propos
             another committed plan.
     """
     from tasks.bipa.claims import cell_means, decisions, finding_table, gain_rows, incumbent
-    from tasks.bipa.optimizer import PROPOSER_SYSTEM, PROPOSER_USER, _split_tasks, clean_proposal
+    from tasks.bipa.optimizer import PROPOSER_SYSTEM, PROPOSER_USER, _split_tasks, clean_proposal, seed_harness_spec
     from tasks.evaluate.signing import commit_plan, load_or_create_key, sign_head
-    from tasks.harnesses.frozen import harness_specs
     from tasks.rollout.generation import ChatFormat
 
     proposer = proposer if proposer is not None else policy
     sel_tasks, test_tasks = _split_tasks(store, frozen, cfg)
-    name = cfg.seed_harness_name()
-    seed_spec = next((s for s in harness_specs(store, frozen["harnesses"]).values() if s.name == name), None)
-    if seed_spec is None:
-        raise ValueError(f"bipa: harness {name!r} is not among the frozen harnesses")
+    seed_spec = seed_harness_spec(store, frozen, cfg)
     plan = build_plan(cfg, store, frozen, seed_spec.skill or "", [t["task_id"] for t in sel_tasks],
                       [t["task_id"] for t in test_tasks])
     key = load_or_create_key()
