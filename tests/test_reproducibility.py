@@ -11,10 +11,16 @@ rollout with the tiny test model, one train step, the sealed evaluation and its 
   ``OPENBLAS_CORETYPE=Haswell``): what an AVX2-only CPU of the same code computes, on this one.
 
 The thread settings change no byte. The kernels change the float columns of the token-level
-artifacts (the turns' bf16 log-probs, the train step's metrics) within the documented bounds and
-nothing else at this size: the freeze artifacts, the sampled episodes, the adapter after one
-AdamW step, the sealed evaluation rows and their statistics stay byte-identical, and
-``harnessrl verify`` of each run passes on this process's kernels.
+artifacts (the turns' bf16 log-probs, the train step's metrics) within the documented bounds; the
+freeze artifacts (no float arithmetic) stay byte-identical and ``harnessrl verify`` of each run
+passes on this process's kernels. A sampled token is not kernel-free: the sampler's race
+(:func:`tasks.rollout.engines.hf.sample_tokens`) moves to another token where its two leading keys
+tie within the log-probs' difference, and the tiny model's near-uniform distributions make such
+ties common (the job's config under seeds 1-6 flipped a token in 3 of the 6). So the test reads the
+tokens as the same statistics, not the same bytes: every turn agrees with its twin up to a shared
+prefix, the log-probs along it within the bound, and where every sampled token agrees (this
+config's seed on this CPU) the adapter after one step, the train step's metrics and the sealed rows
+are compared as before.
 """
 
 from __future__ import annotations
@@ -36,15 +42,17 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
         "OPENBLAS_CORETYPE": "Haswell"}
 FREEZE = ("freeze/tasks", "freeze/harnesses", "freeze/records", "freeze/split_overlap")
-# identical whatever the kernels, at this size (see the module docstring)
-KERNEL_FREE = (*FREEZE, "rollout/episodes", "train/checkpoints", "evaluate/evaluations", "evaluate/eval_cells",
-               "evaluate/eval_contrasts")
+# identical whatever the kernels: no float arithmetic
+KERNEL_FREE = FREEZE
+# downstream of the sampled tokens: identical when every sampled token is
+SAMPLED = ("rollout/episodes", "train/checkpoints", "evaluate/evaluations", "evaluate/eval_cells",
+           "evaluate/eval_contrasts")
+TOKEN_LEVEL = ("rollout/turns", "evaluate/eval_turns")
 # the float columns another kernel moves, and by at most how much (absolute): bf16 log-probs carry
 # 8 mantissa bits (a relative step of 2^-8 ~ 0.004); the train step's float32 metrics
 FLOAT_BOUNDS = {"rollout/turns": {"completion_logprobs": 0.05}, "evaluate/eval_turns": {"completion_logprobs": 0.05},
                 # the rollout's log-probs enter the step's mismatch metrics; the entropy is the step's own
                 "train/train_steps": {"entropy": 1e-4, "logp_mismatch_mean": 1e-2, "logp_mismatch_max": 5e-2}}
-
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
@@ -101,28 +109,58 @@ def test_two_threads_write_every_artifact_and_the_adapter_byte_for_byte_as_one(r
         [(Path(one["adapter_dir"]) / n).read_bytes() for n in names]
 
 
-def test_other_cpu_kernels_move_only_the_documented_float_columns_within_their_bounds(runs):
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _compare_rows(rel: str, a: list[dict], b: list[dict], bounds: dict[str, float]) -> None:
+    """Every column of each row pair exact but the bounded float ones, within their bounds."""
+    assert len(a) == len(b), rel
+    for i, (x, y) in enumerate(zip(a, b)):
+        for col in x:
+            if col in bounds:
+                xs, ys = (x[col], y[col]) if isinstance(x[col], list) else ([x[col]], [y[col]])
+                assert len(xs) == len(ys), (rel, i, col)
+                far = [(p, q) for p, q in zip(xs, ys) if not (_same(p, q) or abs(p - q) <= bounds[col])]
+                assert not far, (rel, i, col, far[:3])
+            else:  # tokens, texts, rewards, ids: exact
+                assert _same(x[col], y[col]), (rel, i, col, x[col], y[col])
+
+
+def test_other_cpu_kernels_move_the_float_columns_within_their_bounds_and_tokens_only_at_ties(runs):
     (r1, one), (ra, avx2) = runs["one"], runs["avx2"]
     for rel in KERNEL_FREE:
         assert avx2["artifacts"][rel] == one["artifacts"][rel], rel
-    assert avx2["adapter_sha256"] == one["adapter_sha256"]  # one AdamW step: about lr x sign(gradient)
-    for rel, bounds in FLOAT_BOUNDS.items():
+    agree = True  # every sampled token the same in both runs
+    for rel in TOKEN_LEVEL:
         a, b = _rows(r1, rel), _rows(ra, rel)
-        assert len(a) == len(b), rel
+        # the same episodes and turns (ids are content hashes of records, seeds and the policy)
+        assert [(x["episode_id"], x["turn_idx"]) for x in a] == [(y["episode_id"], y["turn_idx"]) for y in b], rel
+        shared = total = 0
         for i, (x, y) in enumerate(zip(a, b)):
-            for col in x:
-                if col in bounds:
-                    xs, ys = (x[col], y[col]) if isinstance(x[col], list) else ([x[col]], [y[col]])
-                    assert len(xs) == len(ys), (rel, i, col)
-                    far = [(p, q) for p, q in zip(xs, ys) if not (_same(p, q) or abs(p - q) <= bounds[col])]
-                    assert not far, (rel, i, col, far[:3])
-                else:  # tokens, texts, rewards, ids: exact
-                    assert _same(x[col], y[col]), (rel, i, col, x[col], y[col])
+            assert x["turn_idx"] > 0 or x["prompt_added_ids"] == y["prompt_added_ids"], (rel, i)
+            tx, ty = x["completion_token_ids"], y["completion_token_ids"]
+            n = _shared_prefix(tx, ty)
+            far = [(j, p, q) for j, (p, q) in enumerate(zip(x["completion_logprobs"][:n], y["completion_logprobs"][:n]))
+                   if abs(p - q) > FLOAT_BOUNDS[rel]["completion_logprobs"]]
+            assert not far, (rel, i, far[:3])  # along the shared prefix, the same distribution within the bound
+            shared, total = shared + n, total + max(len(tx), len(ty))
+            agree = agree and tx == ty
+        # a flip at a near tie is rare: most sampled tokens lie on the shared prefixes
+        assert shared >= total / 2, (rel, shared, total)
+    if agree:
+        for rel in SAMPLED:
+            assert avx2["artifacts"][rel] == one["artifacts"][rel], rel
+        assert avx2["adapter_sha256"] == one["adapter_sha256"]  # one AdamW step: about lr x sign(gradient)
+        for rel, bounds in FLOAT_BOUNDS.items():
+            _compare_rows(rel, _rows(r1, rel), _rows(ra, rel), bounds)
     import torch
 
     if torch.backends.cpu.get_cpu_capability() != "AVX2":  # this CPU's own kernels are wider: they do differ
         assert avx2["artifacts"]["rollout/turns"] != one["artifacts"]["rollout/turns"]
-        assert avx2["artifacts"]["train/train_steps"] != one["artifacts"]["train/train_steps"]
 
 
 def test_verify_passes_every_run_on_this_process_kernels(runs):
