@@ -28,6 +28,13 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
+def figure_png(fig: Any) -> bytes:
+    """``fig`` (a matplotlib figure) as PNG bytes at the report's DPI, with no creation time or
+    software stamp (the same figure gives the same bytes on one machine); closes ``fig``. For an
+    application's figures (they draw their own; the core draws none of theirs)."""
+    return _png(fig)
+
+
 def _step_axis(ax: Any, label: str = "step") -> None:
     """An x axis of optimizer steps: labelled, ticks on whole steps only (2 steps: 1 and 2, not
     1.0, 1.2, ...)."""

@@ -39,6 +39,53 @@ def findings_markdown(cfg: Any, plan: dict[str, Any], cands: list[dict[str, Any]
     return "\n".join(out) + "\n"
 
 
+#: the sets a candidate's gain is measured on, in the order the run scores them
+GAIN_SETS = ("selection", "fresh", "test")
+
+
+def gains_png(gains: list[dict[str, Any]]) -> bytes | None:
+    """The winner's-curse figure of a sealed run: each scored candidate's mean gain over its
+    parent (pass rate, ``bipa_gains``' ``gain_<set>``) on the selection tasks, on fresh samples of
+    them and on the test tasks, one line per candidate; accepted candidates solid, rejected ones
+    faint, the placebo (the null) black and dashed. A gain that shrinks from selection to fresh or
+    test is what selection added. None when ``gains`` has no row with a gain.
+
+    Args:
+        gains: rows of ``bipa_gains`` (:func:`tasks.bipa.claims.gain_rows`): ``name``, ``arm``
+            (``pool``, ``placebo`` or ``rewrite``), ``decision`` and ``gain_selection``,
+            ``gain_fresh``, ``gain_test`` (floats in [-1, 1], or None).
+    """
+    import matplotlib.pyplot as plt
+
+    from tasks.analysis.plots import figure_png
+
+    drawn = [g for g in gains if any(g.get(f"gain_{s}") is not None for s in GAIN_SETS)]
+    if not drawn:
+        return None
+    colors = {"pool": "tab:blue", "rewrite": "tab:orange", "placebo": "black"}
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.axhline(0.0, color="grey", lw=0.8)
+    seen: set[str] = set()
+    for g in sorted(drawn, key=lambda g: (g["arm"] == "placebo", g["decision"] == "accepted")):  # placebo on top
+        xs = [i for i, s in enumerate(GAIN_SETS) if g.get(f"gain_{s}") is not None]
+        ys = [g[f"gain_{GAIN_SETS[i]}"] for i in xs]
+        accepted, placebo = g["decision"] == "accepted", g["arm"] == "placebo"
+        label = None
+        key = f"{g['arm']} ({'accepted' if accepted else 'rejected'})"
+        if key not in seen:
+            seen.add(key)
+            label = key
+        ax.plot(xs, ys, marker="o", color=colors.get(g["arm"], "tab:green"), label=label,
+                lw=2.2 if placebo else (1.6 if accepted else 0.8), ls="--" if placebo else "-",
+                alpha=1.0 if (accepted or placebo) else 0.35)
+    ax.set_xticks(range(len(GAIN_SETS)), [f"{s}" for s in GAIN_SETS])
+    ax.set_xlim(-0.2, len(GAIN_SETS) - 0.8)
+    ax.set_ylabel("gain over parent (pass rate)")
+    ax.set_title("Skill candidates: gain at selection, on fresh samples, on test", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    return figure_png(fig)
+
+
 def plan_hash_of(plan: dict[str, Any]) -> str:
     """The plan's hash (:func:`tasks.evaluate.seal.plan_hash`)."""
     from tasks.evaluate.seal import plan_hash

@@ -77,7 +77,7 @@ def findings(store: Any, cfg: Any, *, config: str, quick: bool, commit: str, fre
              say: Say) -> tuple[list[dict[str, Any]], list[Path]]:
     """``harnessrl findings`` for a ``harnessrl bipa`` run with ``bipa.findings``: the seal verified
     (:func:`tasks.bipa.sealed_run.verify_bipa`), then one JSON line per finding through ``say``
-    and one on the seal. Returns ``(rows, [])``.
+    and one on the seal. Returns ``(rows, figures)``: the figures of :func:`gains_figure`.
 
     Raises:
         CommandError: exit 1: the seal does not verify, or an episode ended ``infra_error`` (the
@@ -110,4 +110,18 @@ def findings(store: Any, cfg: Any, *, config: str, quick: bool, commit: str, fre
     for r in rows:
         say(json.dumps(r, sort_keys=True))
     say(f"verified: the sealed rows recompute the findings table; signed by {rep.fingerprint}")
-    return rows, []
+    return rows, gains_figure(store)
+
+
+def gains_figure(store: Any) -> list[Path]:
+    """The verified run's gains figure (:func:`tasks.bipa.findings_report.gains_png` of its
+    ``bipa_gains``) written to ``bipa/plots/gains.png`` in the run folder; ``[that path]`` for a
+    local store (the CLI copies it to the findings page), ``[]`` for a remote one or a table with no
+    gain to draw."""
+    from tasks.bipa.findings_report import gains_png
+
+    png = gains_png(store.rows(("bipa", "bipa_gains")))
+    if png is None:
+        return []
+    store.write_bytes("bipa/plots/gains.png", png)
+    return [Path(store.root) / "bipa" / "plots" / "gains.png"] if store.is_local else []

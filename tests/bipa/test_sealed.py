@@ -192,9 +192,11 @@ def test_the_config_refuses_a_lax_measurement(tiny_model_dir):
             BipaRunConfig.model_validate({**cfg, key: value})
 
 
-def test_verify_and_findings_commands_reach_bipa_through_the_registry(run, tiny_model_dir, tmp_path):
+def test_verify_and_findings_commands_reach_bipa_through_the_registry(run, tiny_model_dir, tmp_path, monkeypatch):
     import json
     from pathlib import Path
+
+    import tasks.analysis.plots as plots
 
     from flows.check_commands import application_findings, config_owner, verify_command
     from tasks.command import CommandError
@@ -212,11 +214,26 @@ def test_verify_and_findings_commands_reach_bipa_through_the_registry(run, tiny_
     owner = config_owner(yaml_path)
     assert owner is not None and owner.name == "bipa"
     out = tmp_path / "findings.jsonl"
+    drawn, real = [], plots._png  # the gains figure's lines, kept before it is rendered
+
+    def keep(fig):
+        drawn.extend((ln.get_color(), ln.get_linestyle(), list(ln.get_ydata())) for ln in fig.axes[0].lines[1:])
+        return real(fig)
+
+    monkeypatch.setattr(plots, "_png", keep)
+    monkeypatch.chdir(tmp_path)  # the command copies the figure to ./docs/img/findings
     application_findings(owner, _cfg(tiny_model_dir), yaml_path, Path(store.url), False, out, say)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["name"] for r in rows] == ["lms", "eff", "tok"] and all(r["sealed"] and r["paper"] == "P2" for r in rows)
     assert rows[0]["plan_hash"] == store.read_bytes("bipa/plan.sha256").decode().strip()
     assert rows[1]["placebo"] == {"selection": 0.0, "fresh": 0.0, "test": 0.0}
+    # the gains figure: one line per scored candidate, the placebo's (black, dashed) at its gains
+    gains = store.rows(("bipa", "bipa_gains"))
+    assert len(drawn) == len(gains) >= 2
+    assert [d[2] for d in drawn if d[0] == "black" and d[1] == "--"] == [[0.0, 0.0, 0.0]]
+    fig = next(tmp_path.glob("docs/img/findings/*--gains.png"))
+    assert fig.read_bytes() == store.read_bytes("bipa/plots/gains.png") and fig.read_bytes()[:4] == b"\x89PNG"
+    assert any(m.startswith("figure for the findings page: docs/img/findings/") for m in said)
     # another config than the run's is refused, and so is a tampered findings table
     with pytest.raises(CommandError, match="NOT THIS RUN"):
         application_findings(owner, _cfg(tiny_model_dir, alpha=0.2), yaml_path, Path(store.url), False, None, say)
