@@ -133,20 +133,28 @@ def training_stability(steps: list[dict[str, Any]], divergence_kl: float,
 
 
 def choose_kl_beta(steps: list[dict[str, Any]], beta_of: dict[str, float], anchor: str, *, last: int = 3,
-                   ratio: float = 0.5) -> dict[str, Any]:
-    """P5's beta by the rule fixed before the pilot (docs/experiments/findings-rules.md): per arm
-    L = the mean per-token KL (nats, the ``kl`` column) over its last ``last`` steps; the chosen
-    beta is the smallest candidate (every arm of ``beta_of`` but ``anchor``) whose L is at most
-    ``ratio`` times the anchor's L (the anchor trains at a negligible beta, so its L is the drift
-    without the term), else the largest candidate.
+                   ratio: float = 0.5, min_anchor_kl: float = 0.0) -> dict[str, Any]:
+    """P5's beta by the rule fixed before the pilot (docs/experiments/findings-rules.md, "Choosing
+    P5's beta"): per arm (a checkpoint) L = the mean per-token KL (nats, the ``kl`` column) over
+    its last ``last`` steps, and per beta L(beta) = the mean of its arms' L (an arm trained under
+    several seeds: one checkpoint per seed). The chosen beta is the smallest candidate (every beta
+    but the anchor's) with L(beta) <= ``ratio`` x L(anchor beta) (the anchor trains at a negligible
+    beta, so its L is the drift without the term), else the largest candidate. The rule is met
+    only when the anchor drifted measurably, L(anchor beta) >= ``min_anchor_kl``: below it no beta
+    can be said to hold the policy, and the largest candidate is returned with ``rule_met`` False.
 
     Args:
         steps: ``train_steps`` rows (``arm``, ``step``, ``kl``).
-        beta_of: arm name -> its beta.
-        anchor: the arm at the negligible beta.
+        beta_of: arm (checkpoint) name -> its beta.
+        anchor: an arm at the negligible beta (every arm at its beta is averaged with it).
+        last: steps per arm averaged, >= 1.
+        ratio: the fraction of the anchor's drift a chosen beta must keep the policy within.
+        min_anchor_kl: the least anchor drift (nats per token) at which the rule can be met.
 
     Returns:
-        ``{"beta", "rule_met", "late_kl": {arm: L}, "anchor_kl"}``.
+        ``{"beta", "rule_met", "anchor_drifted", "late_kl": {arm: L}, "beta_kl": {beta: L(beta)},
+        "held": {candidate beta: L(beta) / L(anchor beta)}, "anchor_kl"}`` (``held`` None where the
+        anchor's L is 0).
 
     Raises:
         ValueError: an arm of ``beta_of`` with no step, fewer than ``last`` steps, or a non-finite KL
@@ -162,9 +170,18 @@ def choose_kl_beta(steps: list[dict[str, Any]], beta_of: dict[str, float], ancho
             raise ValueError(f"arm {arm!r}: needs {last} steps with a measured KL, has "
                              f"{sum(math.isfinite(r['kl']) for r in rs)}")
         late[arm] = float(np.mean([r["kl"] for r in rs]))
-    candidates = sorted((b, a) for a, b in beta_of.items() if a != anchor)
+    per_beta: dict[float, list[float]] = defaultdict(list)
+    for arm, b in beta_of.items():
+        per_beta[b].append(late[arm])
+    beta_kl = {b: float(np.mean(v)) for b, v in sorted(per_beta.items())}
+    a_beta = beta_of[anchor]
+    candidates = [b for b in beta_kl if b != a_beta]
     if not candidates:
-        raise ValueError("no candidate beta besides the anchor")
-    met = [b for b, a in candidates if late[a] <= ratio * late[anchor]]
-    return {"beta": met[0] if met else candidates[-1][0], "rule_met": bool(met), "late_kl": late,
-            "anchor_kl": late[anchor]}
+        raise ValueError("no candidate beta besides the anchor's")
+    a_kl = beta_kl[a_beta]
+    drifted = a_kl >= min_anchor_kl
+    met = [b for b in candidates if beta_kl[b] <= ratio * a_kl] if drifted else []
+    return {"beta": met[0] if met else candidates[-1], "rule_met": bool(met), "anchor_drifted": drifted,
+            "late_kl": late, "beta_kl": beta_kl, "held": {b: (beta_kl[b] / a_kl if a_kl > 0 else None)
+                                                          for b in candidates},
+            "anchor_kl": a_kl}

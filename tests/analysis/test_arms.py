@@ -95,3 +95,22 @@ def test_the_beta_rule_takes_the_smallest_beta_that_halves_the_drift():
     with pytest.raises(ValueError, match="needs 3 steps with a measured KL"):
         choose_kl_beta(steps + [{"arm": "nokl", "step": i, "kl": math.nan} for i in range(5)],
                        {**beta, "nokl": 0.0}, "b0")
+    assert got["held"][0.3] == pytest.approx(0.5) and got["anchor_drifted"]
+    # an anchor that barely drifted: no beta can hold it, whatever the ratios say
+    flat = choose_kl_beta(steps, beta, "b0", min_anchor_kl=0.05)
+    assert flat["beta"] == 1.0 and not flat["rule_met"] and not flat["anchor_drifted"]
+
+
+def test_the_beta_rule_averages_each_beta_over_its_training_seeds():
+    from tasks.analysis.arms import choose_kl_beta
+
+    # two seeds a beta: b1's seeds 0.03 and 0.01 average 0.02 (half the anchor's 0.04: chosen); taken
+    # alone, seed 0 (0.03) would not qualify, and b2 (0.012) would be chosen
+    late = {"b0@s0": 0.05, "b0@s1": 0.03, "b1@s0": 0.03, "b1@s1": 0.01, "b2@s0": 0.012, "b2@s1": 0.012}
+    steps = [{"arm": a, "step": i, "kl": v} for a, v in late.items() for i in range(5)]
+    beta = {"b0@s0": 0.001, "b0@s1": 0.001, "b1@s0": 1.0, "b1@s1": 1.0, "b2@s0": 4.0, "b2@s1": 4.0}
+    got = choose_kl_beta(steps, beta, "b0@s0", last=5)
+    assert got["anchor_kl"] == pytest.approx(0.04) and got["beta_kl"][1.0] == pytest.approx(0.02)
+    assert got["beta"] == 1.0 and got["rule_met"] and got["held"][4.0] == pytest.approx(0.3)
+    only_s0 = choose_kl_beta(steps, {k: v for k, v in beta.items() if k.endswith("s0")}, "b0@s0", last=5)
+    assert only_s0["beta"] == 4.0 and only_s0["anchor_kl"] == pytest.approx(0.05)
