@@ -103,7 +103,7 @@ def estimate(cfg: Any, u: dict[str, Any]) -> dict[str, Any]:
         train_s += tc.steps * (per_step + u["sync_per_step"]) + u["arm_overhead"]
         samples += tc.steps * tc.prompts_per_step * g * len(hs)
     checkpoints = 1 + len(arms)
-    attempts = checkpoints * len(cfg.evaluate.harnesses) * test * cfg.evaluate.attempts
+    attempts = checkpoints * len(cfg.evaluate.harnesses or cfg.harnesses) * test * cfg.evaluate.attempts
     evaluate_s = attempts * u["attempt"]
     b = cfg.analyze.branching
     branching_s = sum(len(b.checkpoints) * b.episodes_per_harness * b.n * sample(h) * 3  # <= 3 visited states
