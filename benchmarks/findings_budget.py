@@ -14,7 +14,9 @@ estimate, and the row says so (``kind: estimate``). The unit costs and where eac
   largest per-episode time of the single-turn harnesses in the idle ``arith-1d-2t`` row of
   ``benchmarks/results/task_difficulty.jsonl`` (its first cell, ``direct``, carries the engine's
   warm-up and is left out);
-- training on one sample: a tool loop the P6 rerun's train rate (20 optimizer steps of 32 sequences
+- training on one sample (an online arm; a frozen arm trains ``epochs x ceil(train tasks /
+  batch_size)`` steps of ``batch_size`` groups at the train rate alone, no sampling or sync):
+  a tool loop the P6 rerun's train rate (20 optimizer steps of 32 sequences
   per arm, 3 arms, 1,457 s), a single-turn harness the vLLM sync arm of the last
   ``benchmarks/results/online_iteration.jsonl`` row (train seconds per sample); each optimizer step
   adds that arm's weight sync, and each trained checkpoint that row's run time less its timed
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,6 +102,12 @@ def estimate(cfg: Any, u: dict[str, Any]) -> dict[str, Any]:
     train_s, samples = 0.0, 0
     for _, tc in arms:
         hs = tc.harnesses or cfg.harnesses
+        if tc.mode == "frozen":  # epochs over the frozen rollouts' groups: no sampling, no sync; the
+            # train rates were measured on such arms (the P6 rerun), their overhead included
+            steps = tc.epochs * math.ceil(train_tasks / tc.batch_size)
+            train_s += sum(steps * tc.batch_size * g * train(h) for h in hs)
+            samples += steps * tc.batch_size * g * len(hs)
+            continue
         per_step = sum(tc.prompts_per_step * g * (sample(h) + train(h)) for h in hs)
         train_s += tc.steps * (per_step + u["sync_per_step"]) + u["arm_overhead"]
         samples += tc.steps * tc.prompts_per_step * g * len(hs)

@@ -17,7 +17,7 @@ def test_every_shipped_config_names_its_paper():
     assert {n: paper_of(n) for n in names.values()} == {
         "bipa-small": "P2", "default": None, "learn-arith": None, "p1-findings": "P1", "p1-findings-v2": "P1", "p4-findings": "P4",
         "p4-findings-v2": "P4", "p5-findings": "P5", "p2-findings": "P2",
-        "p5-beta-pilot": "P5", "p5-beta-pilot-v2": "P5", "p6-findings": "P6", "p4-small": "P4", "p5-kl-small": "P5", "p6-gspo-small": "P6",
+        "p5-beta-pilot": "P5", "p5-beta-pilot-v2": "P5", "p6-findings": "P6", "p6-findings-v2": "P6", "p4-small": "P4", "p5-kl-small": "P5", "p6-gspo-small": "P6",
         "talkmesh-arith": "P3", "talkmesh-findings": "P3", "talkmesh-pipeline": "P3", "talkmesh-small": "P3"}
     assert paper_of("p10-x") is None and paper_of("P5-mine") == "P5" and paper_of("pipeline") is None
 
