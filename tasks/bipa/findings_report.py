@@ -55,9 +55,9 @@ def gains_png(gains: list[dict[str, Any]]) -> bytes | None:
             (``pool``, ``placebo`` or ``rewrite``), ``decision`` and ``gain_selection``,
             ``gain_fresh``, ``gain_test`` (floats in [-1, 1], or None).
     """
-    import matplotlib.pyplot as plt
+    from tasks.analysis.plots import figure_png  # first: it selects the Agg backend
 
-    from tasks.analysis.plots import figure_png
+    import matplotlib.pyplot as plt
 
     drawn = [g for g in gains if any(g.get(f"gain_{s}") is not None for s in GAIN_SETS)]
     if not drawn:
@@ -78,7 +78,7 @@ def gains_png(gains: list[dict[str, Any]]) -> bytes | None:
         ax.plot(xs, ys, marker="o", color=colors.get(g["arm"], "tab:green"), label=label,
                 lw=2.2 if placebo else (1.6 if accepted else 0.8), ls="--" if placebo else "-",
                 alpha=1.0 if (accepted or placebo) else 0.35)
-    ax.set_xticks(range(len(GAIN_SETS)), [f"{s}" for s in GAIN_SETS])
+    ax.set_xticks(range(len(GAIN_SETS)), list(GAIN_SETS))
     ax.set_xlim(-0.2, len(GAIN_SETS) - 0.8)
     ax.set_ylabel("gain over parent (pass rate)")
     ax.set_title("Skill candidates: gain at selection, on fresh samples, on test", fontsize=10)
