@@ -338,9 +338,12 @@ def _control_cell(row: dict) -> str:
 
 def _seeds_cell(row: dict) -> str:
     """Each trained arm of a findings row with its training seeds (``gspo 3, grpo 3``); ``none``
-    for a finding over untrained checkpoints only; ``not recorded`` for a row published before
+    for a finding over untrained checkpoints only; a BiPA row's skill-optimizer seeds
+    (``optimizer 3``; ``none`` for a claim about the hand-written pool); ``not recorded`` for a row published before
     rows carried ``seeds``."""
     seeds = row.get("seeds")
+    if seeds is None and "optimizer_seeds" in row:  # a BiPA row: skill-optimizer runs, nothing trained
+        return f"optimizer {row['optimizer_seeds']}" if row["optimizer_seeds"] else "none"
     if seeds is None:
         return "not recorded"
     return ", ".join(f"{arm} {n}" for arm, n in seeds.items()) or "none"

@@ -156,6 +156,12 @@ def test_the_findings_page_shows_each_published_row_and_the_run_figures(tmp_path
                                                          "seeds": {"gspo": 3, "grpo": 3}, "single_seed": False})
                                              + "\n")
     assert "| +0.010 [n/a] | gspo 3, grpo 3 | **inconclusive** |" in findings_page(tmp_path, figs)
+    # a BiPA row: its optimizer seeds (a claim about the optimizer) or none (the hand-written pool)
+    p2 = {k: v for k, v in rule2.items() if k not in ("seeds", "single_seed")}  # BiPA rows carry no training seeds
+    (tmp_path / "findings.jsonl").write_text(json.dumps({**p2, "paper": "P2", "optimizer_seeds": 3}) + "\n"
+                                             + json.dumps({**p2, "paper": "P2", "optimizer_seeds": None}) + "\n")
+    bipa = findings_page(tmp_path, figs)
+    assert "| +0.010 [-0.031, +0.052] | optimizer 3 |" in bipa and "| +0.010 [-0.031, +0.052] | none |" in bipa
     assert "`0123456789ab` | 5400 | not recorded |" in page  # published before rows carried infra counts
     infra = {"infra_errors": {"rollout": 3, "train": 0, "evaluate": 0},
              "infra_planned": {"rollout": 640, "train": 0, "evaluate": 800}, "infra_total": 3, "infra_threshold": 0.01}
