@@ -794,12 +794,19 @@ class Trainer:
 
 
 def normalize_adapter_config(adapter_dir: Path, base_model_id: str | None = None) -> None:
-    """Make ``adapter_config.json`` byte-stable: peft writes ``target_modules`` from a Python set,
-    whose order changes from process to process (string hash randomisation), so the same weights
-    would hash differently. Lists of strings are sorted, keys sorted; ``base_model_id``, when
-    given, replaces the machine-specific base-model path."""
+    """Make an adapter folder byte-stable, so that its SHA-256 (the trained policy's id, which
+    seeds its evaluation) is a function of the weights and the config alone.
+
+    - ``adapter_config.json``: peft writes ``target_modules`` from a Python set, whose order
+      changes from process to process (string hash randomisation). Lists of strings are sorted,
+      keys sorted; ``base_model_id``, when given, replaces the machine-specific base-model path.
+    - peft's model card ``README.md`` is removed: it names the base model by its local path
+      (``base_model: /home/<user>/.cache/...``), so the same training on another machine, or with
+      the model in another folder, hashed differently and sampled its evaluation differently.
+    """
     import json
 
+    (adapter_dir / "README.md").unlink(missing_ok=True)
     path = adapter_dir / "adapter_config.json"
     conf = json.loads(path.read_text())
     for k, v in conf.items():
