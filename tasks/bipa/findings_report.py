@@ -70,11 +70,9 @@ def gains_png(gains: list[dict[str, Any]]) -> bytes | None:
         xs = [i for i, s in enumerate(GAIN_SETS) if g.get(f"gain_{s}") is not None]
         ys = [g[f"gain_{GAIN_SETS[i]}"] for i in xs]
         accepted, placebo = g["decision"] == "accepted", g["arm"] == "placebo"
-        label = None
         key = f"{g['arm']} ({'accepted' if accepted else 'rejected'})"
-        if key not in seen:
-            seen.add(key)
-            label = key
+        label = None if key in seen else key  # one legend entry per kind
+        seen.add(key)
         ax.plot(xs, ys, marker="o", color=colors.get(g["arm"], "tab:green"), label=label,
                 lw=2.2 if placebo else (1.6 if accepted else 0.8), ls="--" if placebo else "-",
                 alpha=1.0 if (accepted or placebo) else 0.35)
