@@ -1,8 +1,9 @@
 """Printing a benchmark's figures and appending them as one JSON row to results/<name>.jsonl.
 
 Every row gets ``commit`` (git SHA of the checkout, ``+dirty`` when tracked files differ), ``date``
-(UTC, ISO 8601) and ``machine`` (platform, CPU count, torch device) ahead of the benchmark's own
-figures, so a row says where and on what code it was measured. The docs' benchmarks page
+(UTC, ISO 8601) and ``machine`` (platform, CPU model, CPU count, torch device, and the load
+averages when the benchmark started and when it reported) ahead of the benchmark's own figures,
+so a row says where, on what code and beside what else it was measured. The docs' benchmarks page
 (``scripts/gen_docs.py``) is generated from these files.
 
 ``HARNESSRL_BENCH_RESULTS`` (a folder) sends the rows to ``<folder>/<name>.jsonl`` instead of the
@@ -22,7 +23,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# the 1-minute load average when the benchmark imported this module: before it ran anything heavy,
+# so it counts other jobs' runnable threads (and the minute before the start), not its own
+_LOAD_AT_START = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
 RESULTS = Path(__file__).resolve().parent / "results"
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:  # schemas.machine, when a benchmark runs as a script
+    sys.path.insert(1, _ROOT)
 ENV = "HARNESSRL_BENCH_RESULTS"
 
 
@@ -44,8 +52,12 @@ def commit() -> str | None:
 
 
 def machine() -> dict[str, Any]:
-    """Platform, CPU count and the torch device a run could use (``none``: the benchmark never
-    imported torch, so none was used)."""
+    """Platform, the CPU's model name (``schemas.machine.cpu_facts``), CPU count, the torch device a
+    run could use (``none``: the benchmark never imported torch, so none was used), and
+    ``load_start`` / ``load_end``: the 1-minute load average when the benchmark started (other
+    jobs) and when it reported (its own threads plus any others); None where the OS has none."""
+    from schemas.machine import cpu_facts
+
     torch = sys.modules.get("torch")
     if torch is None:
         device = "none"
@@ -53,7 +65,10 @@ def machine() -> dict[str, Any]:
         device = f"cuda ({torch.cuda.get_device_name(0)})"
     else:
         device = "cpu"
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_device": device}
+    load_end = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    return {"platform": platform.platform(), "cpu_model": cpu_facts()["model"], "cpus": os.cpu_count(),
+            "torch_device": device, "load_start": None if _LOAD_AT_START is None else round(_LOAD_AT_START, 2),
+            "load_end": load_end}
 
 
 def results_path(name: str, out: Path | None = None) -> Path:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -24,16 +23,6 @@ from pathlib import Path
 from _results import report
 
 STAGES = ("freeze", "rollout", "train", "evaluate", "analyze")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def check_run(run_dir: str) -> dict[str, dict[str, float]]:
@@ -95,7 +84,7 @@ def main() -> None:
     first = check_run(run_dir)
     second = check_run(run_dir)
     total_bytes = sum(s["bytes"] for s in first.values())
-    row = {"run_dir": os.path.basename(os.path.normpath(run_dir)), "cpu": cpu_model(), "page_cache_dropped": dropped,
+    row = {"run_dir": os.path.basename(os.path.normpath(run_dir)), "page_cache_dropped": dropped,
            "artifacts": sum(s["artifacts"] for s in first.values()), "bytes": total_bytes,
            "first_s": round(sum(s["seconds"] for s in first.values()), 4),
            "warm_s": round(sum(s["seconds"] for s in second.values()), 4),
@@ -107,7 +96,7 @@ def main() -> None:
         print(f"{k:9s} {v['artifacts']:3d} artifacts {v['bytes'] / 1e6:9.2f} MB  first {v['first_s']:.3f} s  "
               f"warm {v['warm_s']:.3f} s")
     print(f"all       {row['artifacts']:3d} artifacts {total_bytes / 1e6:9.2f} MB  first {row['first_s']:.3f} s  "
-          f"warm {row['warm_s']:.3f} s  ({row['warm_mb_per_s']} MB/s warm; {row['cpu']})")
+          f"warm {row['warm_s']:.3f} s  ({row['warm_mb_per_s']} MB/s warm)")
     report("cache_check", row)
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import sys
 import tempfile
@@ -55,18 +54,6 @@ def mem_available() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("/proc/meminfo has no MemAvailable line")
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or ``platform.processor()``."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def snapshot() -> dict[str, Any]:
@@ -179,7 +166,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policy": "scripted (deterministic: turn 0 runs one python tool call, turn 1 answers); "
                   "tests the sandbox and harness loop, not a model",
         "path": "tasks.rollout.runner.run_records, serial runner, one shard, harness react-python, backend bwrap",
-        "cpu_model": cpu_model(),
         "mem_total_mib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20),
         "loadavg_1m_at_start": round(load[0], 2),
         "episodes": len(eps), "tasks": args.tasks, "samples": args.samples, "parallel": args.parallel,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas.machine import cpu_facts
 from tests.facilities import bwrap_missing, chromium_missing, require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,9 @@ def run_smoke(name: str, tmp_path: Path, *args: str) -> dict:
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", row["commit"]), row["commit"]
     assert row["date"].endswith("+00:00") and row["date"][:2] == "20"
     assert row["machine"]["cpus"] == os.cpu_count() and row["machine"]["platform"]
+    # ... on which CPU, and beside how much else (the load when it started and when it reported)
+    assert row["machine"]["cpu_model"] == cpu_facts()["model"]
+    assert all(isinstance(row["machine"][k], float) and row["machine"][k] >= 0 for k in ("load_start", "load_end"))
     assert row["smoke"] is True
     assert (tracked.read_bytes() if tracked.exists() else None) == before  # the tracked rows are untouched
     return row
