@@ -3,11 +3,14 @@
 An iteration = 16 prompts x 8 samples x up to 64 tokens (reasoning-gym arithmetic under the
 ``direct`` harness), reward, one optimizer step on a LoRA adapter (r 16, all linear layers). The
 first iteration of each arm is a warm-up and is not timed. Per arm it prints seconds per iteration
-and the phases the train stage records (sample, wait, sync, train), samples/s and bytes per sync.
+and the phases the train stage records (sample, wait, sync, train), samples/s, bytes per sync and the
+trainer's milliseconds per trained token (a KL term also trains the zero-advantage sequences, so
+seconds per iteration alone mixes what its reference pass costs with how much more is trained).
 
 Arms (``--arms``, comma-separated names):
 
-- ``hf``: transformers ``generate`` on a merged float32 copy of the policy, rebuilt every iteration;
+- ``hf``: transformers ``generate`` on a merged float32 copy of the policy, rebuilt every iteration
+  (``hf-kl``: with the KL term below);
 - ``vllm-fp32-merged`` (``-s1``: one step off-policy): the vLLM engine in float32, the trainer's
   merged weights loaded in place after every batch, trainer in float32 (today's findings path;
   merged into bf16 weights, a small update is rounded away and the sync canary stops the run);
@@ -18,9 +21,10 @@ Arms (``--arms``, comma-separated names):
   the adapter disabled).
 
     .venv/bin/python benchmarks/online_iteration.py [--iters 3] [--arms vllm-fp32-merged,vllm-bf16-delta]
-    .venv/bin/python benchmarks/online_iteration.py --smoke   # the tests' tiny model, hf arm only, seconds
+    .venv/bin/python benchmarks/online_iteration.py --smoke   # the tests' tiny model, hf arms only, seconds
 
-``--smoke`` runs only the ``hf`` arm (each vLLM arm starts an engine, longer than a smoke may);
+``--smoke`` runs only the ``hf`` and ``hf-kl`` arms (each vLLM arm starts an engine, longer than a
+smoke may; the tiny model solves nothing, so only the KL arm trains a token);
 the row names the skipped arms and leaves the ratios out.
 
 Appends one JSON row to ``benchmarks/results/online_iteration.jsonl``.
@@ -43,6 +47,7 @@ from _results import placeholder_episode, report  # noqa: E402
 #: arm name -> (engine, max_staleness, rollout dtype, autocast dtype, policy.vllm.lora, KL beta)
 ARMS = {
     "hf": ("hf", 0, "float32", "float32", "auto", 0.0),
+    "hf-kl": ("hf", 0, "float32", "float32", "auto", 0.05),
     "vllm-fp32-merged": ("vllm", 0, "float32", "float32", "merged", 0.0),
     "vllm-fp32-merged-s1": ("vllm", 1, "float32", "float32", "merged", 0.0),
     "vllm-bf16-delta": ("vllm", 0, "bfloat16", "bfloat16", "delta", 0.0),
@@ -58,6 +63,10 @@ RATIOS = [("speedup_bf16_delta_over_fp32_merged", "vllm-fp32-merged", "vllm-bf16
           ("speedup_bf16_delta_kl_over_fp32_merged_kl", "vllm-fp32-merged-kl", "vllm-bf16-delta-kl"),
           ("speedup_vllm_over_hf", "hf", "vllm-fp32-merged"),
           ("speedup_async_over_sync", "vllm-bf16-delta", "vllm-bf16-delta-s1")]
+#: trainer milliseconds per trained token, with a KL term over without: (name, KL arm, plain arm)
+PER_TOKEN_RATIOS = [("kl_cost_per_token_hf", "hf-kl", "hf"),
+                    ("kl_cost_per_token_fp32_merged", "vllm-fp32-merged-kl", "vllm-fp32-merged"),
+                    ("kl_cost_per_token_bf16_delta", "vllm-bf16-delta-kl", "vllm-bf16-delta")]
 
 
 def run_arm(model: str, name: str, iters: int, prompts: int, group: int, root: Path) -> dict:
@@ -110,6 +119,11 @@ def run_arm(model: str, name: str, iters: int, prompts: int, group: int, root: P
             # term each of them carries the KL gradient, so it trains on all
             "zero_adv_frac": round(statistics.mean(s["zero_adv_frac"] for s in steps[1:] or steps), 3),
             "train_tokens_per_step": round(statistics.mean(s["tokens"] for s in steps[1:] or steps), 1),
+            # the trainer's cost per token it trained on (timed iterations; each is one step here):
+            # with a KL term more sequences train, so seconds per iteration alone mixes the two
+            # (None where no timed step trained a token: every advantage 0 and no KL term)
+            "train_ms_per_token": (round(1000 * sum(p["train_s"] for p in phases) / trained, 3)
+                                   if (trained := sum(s["tokens"] for s in steps[1:])) else None),
             # |trainer's old log-prob - the sampler's| per sampled token: how far the engine's policy is
             # from the one being trained (NaN where a step's old log-probs are not the sampler's version)
             "logp_mismatch_mean": _finite_mean(s["logp_mismatch_mean"] for s in steps)}
@@ -135,7 +149,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3, help="timed iterations per arm (after one warm-up)")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--smoke", action="store_true",
-                    help="the tests' tiny model, 4 prompts x 2 samples, 1 iteration, hf arm only")
+                    help="the tests' tiny model, 4 prompts x 2 samples, 1 iteration, hf arms only")
     args = ap.parse_args()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -146,7 +160,7 @@ def main() -> None:
         model, prompts, group, iters = "smollm2-135m-instruct", 16, 8, args.iters
         if args.smoke:
             model, prompts, group, iters = str(tiny_model(root / "tiny")), 4, 2, 1
-        names = ["hf"] if args.smoke else [a.strip() for a in args.arms.split(",") if a.strip()]
+        names = ["hf", "hf-kl"] if args.smoke else [a.strip() for a in args.arms.split(",") if a.strip()]
         unknown = [a for a in names if a not in ARMS]
         if unknown:
             raise SystemExit(f"--arms: unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
@@ -164,6 +178,12 @@ def main() -> None:
     for key, slow, fast in RATIOS:
         if slow in by and fast in by:
             row[key] = round(by[slow]["s_per_iter"] / by[fast]["s_per_iter"], 2)
+            print(f"{key}: {row[key]}")
+    # what a KL term costs per trained token (its reference pass), apart from the zero-advantage
+    # sequences it also trains on
+    for key, kl, plain in PER_TOKEN_RATIOS:
+        if kl in by and plain in by and by[kl]["train_ms_per_token"] and by[plain]["train_ms_per_token"]:
+            row[key] = round(by[kl]["train_ms_per_token"] / by[plain]["train_ms_per_token"], 2)
             print(f"{key}: {row[key]}")
     report("online_iteration", row)
 

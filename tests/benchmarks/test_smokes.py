@@ -183,7 +183,13 @@ def test_train_memory(tmp_path):
 
 def test_online_iteration(tmp_path):
     row = run_smoke("online_iteration", tmp_path)
-    (arm,) = row["arms"]
+    arm, kl_arm = row["arms"]
+    assert kl_arm["arm"] == "hf-kl" and kl_arm["kl_beta"] > 0
+    # a KL term trains every sequence (each carries the KL gradient), whatever the advantages; one
+    # timed iteration of one step: milliseconds per trained token = its train seconds / its tokens
+    assert kl_arm["train_tokens_per_step"] > 0
+    assert kl_arm["train_ms_per_token"] == pytest.approx(1000 * kl_arm["train_s"] / kl_arm["train_tokens_per_step"],
+                                                         rel=0.01, abs=1000 * 0.005 / kl_arm["train_tokens_per_step"])
     assert arm["engine"] == "hf" and arm["max_staleness"] == 0 and arm["max_staleness_seen"] == 0
     # both figures are rounded to 2 decimals: samples/s = 8 / s_per_iter within that rounding
     s = arm["s_per_iter"]
@@ -191,6 +197,13 @@ def test_online_iteration(tmp_path):
     assert "vllm" in row["skipped"] and "speedup_vllm_over_hf" not in row
     assert arm["arm"] == "hf" and arm["sync_bytes"] is None  # rebuilt in process: nothing is sent
     assert 0.0 <= arm["zero_adv_frac"] <= 1.0
+    # the tiny model solves nothing: without a KL term no sequence has a signal, none trains
+    if arm["zero_adv_frac"] == 1.0:
+        assert arm["train_tokens_per_step"] == 0 and arm["train_ms_per_token"] is None
+        assert "kl_cost_per_token_hf" not in row
+    else:
+        assert row["kl_cost_per_token_hf"] == pytest.approx(kl_arm["train_ms_per_token"] / arm["train_ms_per_token"],
+                                                            abs=0.01)
 
 
 def test_train_precision(tmp_path):
