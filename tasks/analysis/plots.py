@@ -150,29 +150,54 @@ def pass_rate_heatmap(cells: list[dict[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
+#: panels per row of :func:`ceiling_vs_return` (one panel per checkpoint)
+CEILING_PANELS_PER_ROW = 5
+
+
 def ceiling_vs_return(mismatch: list[dict[str, Any]]) -> bytes | None:
     """Per (checkpoint, harness): the deployed return (pass@1) as a bar, the gap up to the pass@K
-    ceiling stacked on it (the mismatch M = C - pass@1), and the KL-soft ceiling as a marker."""
+    ceiling stacked on it (the mismatch M = C - pass@1), and the KL-soft ceiling as a marker. One
+    panel per checkpoint (its harnesses side by side, in the rows' order), at most
+    :data:`CEILING_PANELS_PER_ROW` panels a row, so that many checkpoints wrap into rows instead
+    of one unreadably wide strip."""
     rows = [r for r in mismatch if _finite(r.get("pass_at_1"))]
     if not rows:
         return None
-    labels = [f"{r['checkpoint']}\n{r['harness_name']}" for r in rows]
-    x = list(range(len(rows)))
-    p1 = [r["pass_at_1"] for r in rows]
-    gap = [max(0.0, r["ceiling"] - r["pass_at_1"]) if _finite(r.get("ceiling")) else 0.0 for r in rows]
-    fig, ax = plt.subplots(figsize=(1.5 + 1.1 * len(rows), 3.6))
-    ax.bar(x, p1, color="#4c72b0", label="deployed return (pass@1)")
+    by_ck: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_ck[r["checkpoint"]].append(r)
+    cks = list(by_ck)
+    ncols = min(CEILING_PANELS_PER_ROW, len(cks))
+    nrows = math.ceil(len(cks) / ncols)
+    width = max(len(v) for v in by_ck.values())
+    fig, axes = plt.subplots(nrows, ncols, figsize=(0.6 + (0.5 + 0.45 * width) * ncols, 0.6 + 2.9 * nrows),
+                             squeeze=False, sharey=True)
     k = rows[0].get("ceiling_k")
-    ax.bar(x, gap, bottom=p1, color="#dd8452", alpha=0.8, label=f"mismatch (pass@{k} ceiling - pass@1)")
-    soft = [(i, r["ceiling_kl_soft"]) for i, r in enumerate(rows) if _finite(r.get("ceiling_kl_soft"))]
-    if soft:
-        ax.scatter([i for i, _ in soft], [v for _, v in soft], marker="_", s=400, color="black", zorder=3,
-                   label="KL-soft ceiling")
-    ax.set_xticks(x, labels, fontsize=7)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("success rate")
-    ax.set_title("harness ceiling vs deployed return")
-    ax.legend(fontsize=7, loc="upper right")
+    for n, ck in enumerate(cks):
+        ax = axes[n // ncols][n % ncols]
+        rs = by_ck[ck]
+        x = list(range(len(rs)))
+        p1 = [r["pass_at_1"] for r in rs]
+        gap = [max(0.0, r["ceiling"] - r["pass_at_1"]) if _finite(r.get("ceiling")) else 0.0 for r in rs]
+        ax.bar(x, p1, color="#4c72b0", label="deployed return (pass@1)")
+        ax.bar(x, gap, bottom=p1, color="#dd8452", alpha=0.8, label=f"mismatch (pass@{k} ceiling - pass@1)")
+        soft = [(i, r["ceiling_kl_soft"]) for i, r in enumerate(rs) if _finite(r.get("ceiling_kl_soft"))]
+        if soft:
+            ax.scatter([i for i, _ in soft], [v for _, v in soft], marker="_", s=300, color="black", zorder=3,
+                       label="KL-soft ceiling")
+        ax.set_xticks(x, [r["harness_name"] for r in rs], fontsize=7, rotation=35, ha="right")
+        ax.set_xlim(-0.6, width - 0.4)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(ck, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        if n % ncols == 0:
+            ax.set_ylabel("success rate")
+    for n in range(len(cks), nrows * ncols):
+        axes[n // ncols][n % ncols].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="upper center", ncol=len(labels), bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle("harness ceiling vs deployed return", y=1.04)
+    fig.tight_layout()
     return _png(fig)
 
 

@@ -34,3 +34,33 @@ def test_step_axes_tick_whole_steps(drawn, n_steps):
     for label, ticks, (lo, hi) in axes:
         shown = [t for t in ticks if lo <= t <= hi]
         assert shown and all(float(t).is_integer() for t in shown), (label, shown)
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) in pixels from a PNG's IHDR chunk."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def test_ceiling_vs_return_wraps_many_checkpoints_into_rows_of_panels(monkeypatch):
+    """Ten checkpoints x five harnesses (P4 v2) draw ten panels of five bars, five a row: a figure
+    about twice as wide as tall, not a strip of fifty bars many times wider than tall."""
+    hs = ["answer-tag-1shot", "calculator-demo", "direct", "json-answer", "python-demo"]
+    rows = [{"checkpoint": f"arm@s{c}", "harness_name": h, "pass_at_1": 0.1 * (i % 5), "ceiling": 0.6,
+             "ceiling_k": 2, "ceiling_kl_soft": 0.5} for c in range(10) for i, h in enumerate(hs)]
+    panels = []
+    real = plots._png
+
+    def keep(fig):
+        panels.append([(ax.get_title(), [t.get_text() for t in ax.get_xticklabels()]) for ax in fig.axes
+                       if ax.get_visible() and ax.axison])
+        return real(fig)
+
+    monkeypatch.setattr(plots, "_png", keep)
+    w, h = _png_size(plots.ceiling_vs_return(rows))
+    assert [t for t, _ in panels[0]] == [f"arm@s{c}" for c in range(10)]
+    assert all(labels == hs for _, labels in panels[0])
+    assert 1.2 < w / h < 3.5, (w, h)
+    # one checkpoint: one panel
+    w1, h1 = _png_size(plots.ceiling_vs_return(rows[:5]))
+    assert len(panels[1]) == 1 and w1 < w
