@@ -118,7 +118,9 @@ def learning_vs_step(curve: list[dict[str, Any]], steps: list[dict[str, Any]]) -
     ax1.set_ylim(0.0, 1.0)
     ax1.set_title("sealed held-out pass@1 (95% bootstrap CI)")
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=8)
+    # beside the axes, in columns of at most LEGEND_ROWS: inside, many (arm, harness) lines hid the plot
+    ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+               ncol=max(1, math.ceil(len(lines) / LEGEND_ROWS)), frameon=False)
     return _png(fig)
 
 
@@ -150,6 +152,8 @@ def pass_rate_heatmap(cells: list[dict[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
+#: entries per column of a legend drawn beside its axes
+LEGEND_ROWS = 14
 #: panels per row of :func:`ceiling_vs_return` (one panel per checkpoint)
 CEILING_PANELS_PER_ROW = 5
 
@@ -295,7 +299,7 @@ def steps_plot(rows: list[dict[str, Any]]) -> bytes | None:
         a1.barh([v + off for v in y], [r[col] if _finite(r[col]) else 0.0 for r in rows], height=0.4, color=color,
                 label=name)
     a1.set_yticks(y, labels, fontsize=7)
-    a1.invert_yaxis()
+    a1.set_ylim(len(rows) - 0.5, -0.5)  # first cell on top, no blank rows above or below
     a1.set_xlabel("mean agent steps (turns)")
     # the legends sit outside the axes: inside, they hid bars that reach the axes' edge
     a1.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
@@ -309,5 +313,8 @@ def steps_plot(rows: list[dict[str, Any]]) -> bytes | None:
     a2.set_xlim(0, 1.0)
     a2.set_xlabel("share of failed attempts")
     a2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.suptitle("P6: agent steps and how failed attempts ended", fontsize=9, y=1.0 + 0.3 / height)
+    # fixed margins in inches (matplotlib's default top margin is a share of the height: on a
+    # figure of fifty cells it left two inches blank above the plots)
+    fig.subplots_adjust(top=1.0 - 0.6 / height, bottom=0.6 / height)
+    fig.suptitle("P6: agent steps and how failed attempts ended", fontsize=9, y=1.0 - 0.05 / height, va="top")
     return _png(fig)

@@ -64,3 +64,28 @@ def test_ceiling_vs_return_wraps_many_checkpoints_into_rows_of_panels(monkeypatc
     # one checkpoint: one panel
     w1, h1 = _png_size(plots.ceiling_vs_return(rows[:5]))
     assert len(panels[1]) == 1 and w1 < w
+
+
+def test_learning_vs_step_legend_sits_beside_the_plot_and_steps_plot_has_no_blank_rows(monkeypatch):
+    """Forty-five (arm, harness) lines: the legend is drawn beside the held-out axes, not over
+    them; the steps figure's first and last cells touch its axes' top and bottom."""
+    seen = {}
+    real = plots._png
+
+    def keep(fig):
+        fig.canvas.draw()
+        seen["fig"] = [(ax.get_window_extent(), ax.get_legend().get_window_extent() if ax.get_legend() else None,
+                        ax.get_ylim()) for ax in fig.axes]
+        return real(fig)
+
+    monkeypatch.setattr(plots, "_png", keep)
+    curve = [{"arm": f"arm{a}", "harness_name": f"h{h}", "step": s, "pass_at_1": 0.5, "ci_low": 0.4, "ci_high": 0.6}
+             for a in range(9) for h in range(5) for s in (0, 8)]
+    plots.learning_vs_step(curve, _steps(8))
+    axes_box, legend_box, _ = seen["fig"][1]
+    assert legend_box.x0 >= axes_box.x1  # to the right of the plot: it hides no line
+    rows = [{"harness_name": "direct", "checkpoint": f"c{i}", "mean_turns_solved": 1.0, "mean_turns_failed": 1.0,
+             "failed": 2, "failed_submitted": 2, "failed_max_turns": 0, "failed_max_tokens": 0,
+             "failed_format_error": 0, "failed_timeout": 0} for i in range(50)]
+    plots.steps_plot(rows)
+    assert seen["fig"][0][2] == (49.5, -0.5)  # first cell on top, nothing blank above or below
