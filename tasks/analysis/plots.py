@@ -198,7 +198,9 @@ def ceiling_vs_return(mismatch: list[dict[str, Any]]) -> bytes | None:
             ax.set_ylabel("success rate")
     for n in range(len(cks), nrows * ncols):
         axes[n // ncols][n % ncols].axis("off")
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    # every panel's entries, once each (a panel may lack the KL-soft marker another has)
+    entries = {lab: h for ax in axes.flat for h, lab in zip(*ax.get_legend_handles_labels())}
+    handles, labels = list(entries.values()), list(entries)
     fig.legend(handles, labels, fontsize=7, loc="upper center", ncol=len(labels), bbox_to_anchor=(0.5, 1.0))
     fig.suptitle("harness ceiling vs deployed return", y=1.04)
     fig.tight_layout()

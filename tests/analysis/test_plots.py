@@ -61,6 +61,13 @@ def test_ceiling_vs_return_wraps_many_checkpoints_into_rows_of_panels(monkeypatc
     assert [t for t, _ in panels[0]] == [f"arm@s{c}" for c in range(10)]
     assert all(labels == hs for _, labels in panels[0])
     assert 1.2 < w / h < 3.5, (w, h)
+    # the KL-soft marker only on a later panel: the figure's legend still names it
+    seen = []
+    monkeypatch.setattr(plots, "_png", lambda fig: seen.append([t.get_text() for lg in fig.legends
+                                                                 for t in lg.get_texts()]) or real(fig))
+    plots.ceiling_vs_return([dict(r, ceiling_kl_soft=None if r["checkpoint"] == "arm@s0" else 0.5) for r in rows])
+    assert "KL-soft ceiling" in seen[0]
+    monkeypatch.setattr(plots, "_png", keep)
     # one checkpoint: one panel
     w1, h1 = _png_size(plots.ceiling_vs_return(rows[:5]))
     assert len(panels[1]) == 1 and w1 < w
